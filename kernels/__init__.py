@@ -1,0 +1,23 @@
+"""Attention statistics without the ``N x N`` attention matrix.
+
+``attention_stats`` gives, per query head, each query's log-sum-exp, max score,
+argmax key and (optionally) entropy, and each key's summed / mean received attention,
+in memory linear in the sequence length. ``attention_probs_at`` then gives exact
+probabilities of chosen (query, key) pairs from the log-sum-exp.
+
+Backends: a blocked PyTorch implementation (any device; the CPU path and test oracle)
+and Triton kernels for CUDA. Triton is imported lazily, so this package imports
+without Triton or CUDA.
+"""
+
+from .api import attention_probs_at, attention_stats, triton_available
+from .reference import visible_query_count
+from .types import AttentionStats
+
+__all__ = [
+    "AttentionStats",
+    "attention_probs_at",
+    "attention_stats",
+    "triton_available",
+    "visible_query_count",
+]

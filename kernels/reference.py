@@ -1,0 +1,269 @@
+"""Blocked PyTorch reference for per-head attention statistics.
+
+The reference never builds the full ``nq x nk`` score matrix: it walks over blocks of
+``block_q`` queries and, for every kv head, scores the whole GQA group of that block in
+one matrix product (``[group * block_q, d] @ [d, nk]``). The largest intermediate is
+therefore ``b * hq * block_q * nk`` floats, i.e. linear in the sequence length.
+
+It runs on any device (CPU is the main target: it is the CPU backend of
+:func:`headhunt.kernels.attention_stats` and the oracle the Triton kernels are tested
+against) and always computes in float32, whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float, Int64
+from torch import Tensor
+
+from .types import AttentionStats
+
+__all__ = ["attention_stats_torch", "default_block_q", "visible_query_count"]
+
+# Target size (in float32 elements) of one block of scores on CPU. 2**20 floats = 4 MiB
+# keeps the score block close to L2/L3 on small CPUs, so the five element-wise passes
+# over it (max, sub, exp, sum, column product) mostly hit the cache instead of DRAM.
+_CPU_BLOCK_ELEMS = 1 << 20
+# On GPUs the passes are bandwidth-bound anyway and launches cost ~10 us each, so use
+# far bigger blocks (2**26 floats = 256 MiB per block).
+_GPU_BLOCK_ELEMS = 1 << 26
+# Width of the chunks of the chunked argmax (see _chunked_max).
+_CHUNK = 64
+_LOG2E = 1.0 / math.log(2.0)
+_LN2 = math.log(2.0)
+
+
+def _chunked_max(
+    s: Float[Tensor, "*rows n"],
+) -> tuple[Float[Tensor, "*rows"], Int64[Tensor, "*rows"]]:
+    """Row maximum and first index of it, with n a multiple of _CHUNK.
+
+    ``torch.max(dim=-1)`` with indices runs ~20x slower on CPU than ``amax``. Taking the
+    max of each chunk of _CHUNK columns, the argmax over chunk maxima (the first chunk
+    holding the row max) and then the first hit inside that chunk gives the same
+    lowest-index answer for ~1/6 of the cost.
+    """
+    *lead, n = s.shape
+    chunks = s.view(*lead, n // _CHUNK, _CHUNK)
+    m, ci = chunks.amax(dim=-1).max(dim=-1)
+    gather_idx = ci.view(*lead, 1, 1).expand(*lead, 1, _CHUNK)
+    best = chunks.gather(-2, gather_idx).squeeze(-2)  # [*rows, _CHUNK]
+    # argmax on a uint8 0/1 tensor returns the first 1, i.e. the lowest tied index.
+    within = (best == m.unsqueeze(-1)).to(torch.uint8).argmax(dim=-1)
+    return m, ci * _CHUNK + within
+
+
+def default_block_q(rows_per_query: int, nk: int, device: torch.device) -> int:
+    """Pick the query-block length for the blocked reference.
+
+    Args:
+        rows_per_query: Score rows produced per query position and block
+            (``batch * hq``: every query head of every batch row).
+        nk: Number of keys (columns of one score row).
+        device: Device the computation runs on.
+
+    Returns:
+        Number of query positions per block (at least 16, a multiple of 16).
+    """
+    budget = _GPU_BLOCK_ELEMS if device.type == "cuda" else _CPU_BLOCK_ELEMS
+    block = budget // max(1, rows_per_query * max(nk, 1))
+    return max(16, (block // 16) * 16)
+
+
+def visible_query_count(
+    nq: int, nk: int, *, causal: bool, q_offset: int, device: torch.device | None = None
+) -> Float[Tensor, " nk"]:
+    """Number of queries that can see each key (the ``s_j`` normaliser of ``col_mean``).
+
+    With bottom-right causal alignment, query ``i`` sits at position ``q_offset + i`` and
+    sees keys ``0 .. q_offset + i``, so key ``j`` is seen by the queries with
+    ``i >= j - q_offset``: ``count_j = nq - clamp(j - q_offset, 0, nq)``.
+
+    Args:
+        nq: Number of queries.
+        nk: Number of keys.
+        causal: Whether the causal mask applies (otherwise every query sees every key).
+        q_offset: Absolute position of query 0.
+        device: Device of the returned tensor.
+
+    Returns:
+        Float32 tensor of length ``nk`` with the count of queries that see each key.
+    """
+    if not causal:
+        return torch.full((nk,), float(nq), dtype=torch.float32, device=device)
+    j = torch.arange(nk, device=device, dtype=torch.int64)
+    return (nq - (j - q_offset).clamp(0, nq)).to(torch.float32)
+
+
+def attention_stats_torch(
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    key_stats: bool = True,
+    entropy: bool = False,
+    q_offset: int | None = None,
+    block_q: int | None = None,
+) -> AttentionStats:
+    """Blocked PyTorch implementation of :func:`headhunt.kernels.attention_stats`.
+
+    Args:
+        q: Queries, ``[batch, query heads, queries, head dim]``.
+        k: Keys, ``[batch, kv heads, keys, head dim]``; ``hq`` must be a multiple of
+            ``hkv`` (query head ``h`` reads kv head ``h // (hq // hkv)``).
+        causal: Apply the bottom-right aligned causal mask.
+        scale: Score scale; defaults to ``1 / sqrt(head dim)``.
+        key_stats: Also compute ``col_sum`` and ``col_mean`` (per-key statistics).
+        entropy: Also compute the per-query entropy (nats).
+        q_offset: Absolute position of query 0; defaults to ``nk - nq``.
+        block_q: Query positions per block; the largest intermediate holds about
+            ``batch * hq * block_q * nk`` floats. Defaults to an adaptive size that
+            keeps each block near a device-dependent element budget (see
+            :func:`default_block_q`).
+
+    Returns:
+        The statistics, all float32 except ``argmax`` (int64), on ``q``'s device.
+    """
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if q_offset is None:
+        q_offset = nk - nq
+    dev = q.device
+    rows_per_query = b * hq
+
+    f32 = torch.float32
+    lse = torch.full((b, hq, nq), -math.inf, dtype=f32, device=dev)
+    max_score = torch.full((b, hq, nq), -math.inf, dtype=f32, device=dev)
+    argmax = torch.full((b, hq, nq), -1, dtype=torch.int64, device=dev)
+    ent = torch.zeros((b, hq, nq), dtype=f32, device=dev) if entropy else None
+    col_sum = torch.zeros((b, hq, nk), dtype=f32, device=dev) if key_stats else None
+
+    # Views grouping the query heads that share a kv head: [b, hkv, group, n].
+    lse_g = lse.view(b, hkv, group, nq)
+    max_g = max_score.view(b, hkv, group, nq)
+    arg_g = argmax.view(b, hkv, group, nq)
+    ent_g = ent.view(b, hkv, group, nq) if ent is not None else None
+    col_g = col_sum.view(b, hkv, group, nk) if col_sum is not None else None
+
+    # Scores are computed in log2 units (s2 = s * log2(e)) because exp2 is about twice
+    # as fast as exp on CPU; log2(e) and the scale are folded into q once (O(n d)).
+    qs = (q.to(f32) * (scale * _LOG2E)).view(b, hkv, group, nq, d)
+    # Keys are zero-padded to a multiple of _CHUNK so that every score row splits into
+    # whole chunks for the chunked argmax below; padded columns are masked to -inf.
+    nk_pad = -(-nk // _CHUNK) * _CHUNK
+    kt = torch.zeros((b, hkv, d, nk_pad), dtype=f32, device=dev)
+    kt[..., :nk] = k.to(f32).transpose(-1, -2)  # K^T, read by matmul as [d, keys]
+
+    # With causality, queries before position 0 (only when q_offset < 0) see no key:
+    # they keep lse = -inf, argmax = -1 and contribute nothing.
+    i0 = max(0, -q_offset) if causal else 0
+    if nk == 0:
+        i0 = nq
+    while i0 < nq:
+        if block_q is not None:
+            nb = block_q
+        else:
+            # Adaptive block: early causal blocks see few keys, so take more queries.
+            seen = min(nk, q_offset + i0 + 16) if causal else nk
+            nb = default_block_q(rows_per_query, max(seen, _CHUNK), dev)
+        i1 = min(i0 + nb, nq)
+        nb = i1 - i0
+        # Keys visible to at least one query of the block; later keys are never scored.
+        kmax = min(nk, q_offset + i1) if causal else nk
+        kpad = -(-kmax // _CHUNK) * _CHUNK
+        qb = qs[:, :, :, i0:i1].reshape(b, hkv, group * nb, d)
+        s = torch.matmul(qb, kt[..., :kpad]).view(b, hkv, group, nb, kpad)
+        # Only columns past the first row's last visible key (causal) or past nk (the
+        # padding) can be masked: mask that strip instead of the whole block.
+        c0 = min(q_offset + i0 + 1, nk) if causal else nk
+        if c0 < kpad:
+            cols = torch.arange(c0, kpad, device=dev).unsqueeze(0)
+            strip = cols >= nk
+            if causal:
+                rows = torch.arange(i0, i1, device=dev).unsqueeze(1) + q_offset
+                strip = strip | (cols > rows)  # [nb, kpad - c0], True = masked
+            s[..., c0:].masked_fill_(strip, -math.inf)
+        m, idx = _chunked_max(s)
+        max_g[..., i0:i1] = m * _LN2
+        arg_g[..., i0:i1] = idx
+        s.sub_(m.unsqueeze(-1))  # s - m <= 0, so exp2 never overflows
+        if ent_g is not None:
+            e = torch.exp2(s)
+            if c0 < kpad:
+                # 0 * (-inf) would poison the dot below; masked entries carry e = 0.
+                s[..., c0:].masked_fill_(strip, 0.0)
+            # sum_j e_j (s_j - m) as a batched dot product: one pass, no temporary.
+            t = torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1)).view(m.shape)
+        else:
+            e = s.exp2_()
+            t = None
+        l_sum = e.sum(dim=-1)
+        log2_l = torch.log2(l_sum)
+        lse_g[..., i0:i1] = (m + log2_l) * _LN2
+        if ent_g is not None and t is not None:
+            # H = -sum p ln p = ln l - ln2 * sum_j e_j (s2_j - m2) / l, with p = e / l.
+            ent_g[..., i0:i1] = (log2_l - t / l_sum) * _LN2
+        if col_g is not None:
+            # sum_i p_ij = sum_i e_ij / l_i: a vector-matrix product per head.
+            w = l_sum.reciprocal().unsqueeze(-2)  # [b, hkv, group, 1, nb]
+            col_g[..., :kmax] += torch.matmul(w, e).squeeze(-2)[..., :kmax]
+        i0 = i1
+
+    col_mean = None
+    if col_sum is not None:
+        count = visible_query_count(nq, nk, causal=causal, q_offset=q_offset, device=dev)
+        col_mean = torch.where(count > 0, col_sum / count.clamp_min(1.0), 0.0)
+    return AttentionStats(
+        lse=lse,
+        max_score=max_score,
+        argmax=argmax,
+        entropy=ent,
+        col_sum=col_sum,
+        col_mean=col_mean,
+    )
+
+
+def attention_probs_at_torch(
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    lse: Float[Tensor, "b hq nq"],
+    query_idx: Int64[Tensor, "*m"],
+    key_idx: Int64[Tensor, "*m"],
+    *,
+    scale: float,
+    q_offset: int,
+    causal: bool,
+) -> Float[Tensor, "b hq m"]:
+    """Gather-based implementation of :func:`headhunt.kernels.attention_probs_at`.
+
+    Only the ``m`` requested query and key rows are gathered (``O(m d)`` memory).
+    """
+    b, hq, nq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    dev = q.device
+    if query_idx.dim() == 1:
+        query_idx = query_idx.view(1, 1, -1).expand(b, hq, -1)
+        key_idx = key_idx.view(1, 1, -1).expand(b, hq, -1)
+    bi = torch.arange(b, device=dev).view(b, 1, 1)
+    hi = torch.arange(hq, device=dev).view(1, hq, 1)
+    qi = query_idx.to(dev)
+    ki = key_idx.to(dev)
+    # Advanced indexing gathers [b, hq, m, d] rows; the kv head of query head h is
+    # h // group, so no repeated copy of k is ever made.
+    q_rows = q[bi, hi, qi].to(torch.float32)
+    k_rows = k[bi, hi // group, ki].to(torch.float32)
+    s = (q_rows * k_rows).sum(-1) * scale
+    lse_rows = torch.gather(lse.to(torch.float32), 2, qi)
+    allowed = (ki >= 0) & (ki < k.shape[2])
+    if causal:
+        allowed &= ki <= qi + q_offset
+    # A row that sees no key has lse = -inf; every pair of it is forbidden anyway, and
+    # the where() keeps exp(+inf) out of the result.
+    return torch.where(allowed, torch.exp(s - lse_rows), 0.0)

@@ -1,0 +1,467 @@
+"""Triton kernels for :func:`headhunt.kernels.attention_stats` (CUDA).
+
+Two passes, nothing quadratic written to memory:
+
+1. ``_row_stats_kernel`` is a FlashAttention-style forward without V: each program
+   owns ``BLOCK_M`` query rows of one query head and streams the visible key tiles,
+   keeping an online row max, sum of exponentials, argmax and (optionally) the
+   entropy accumulator ``sum_j e_j (s_j - m)``. It writes ``lse``, ``max_score``,
+   ``argmax`` and ``entropy`` (``O(nq)`` per head).
+2. ``_col_stats_kernel`` is key-stationary: each program owns ``BLOCK_N`` keys of one
+   query head and streams the query tiles that can see them, recomputing
+   ``p = exp(s - lse)`` and summing it per key into registers; it writes ``col_sum``
+   (``O(nk)`` per head). The per-key count of visible queries is analytic (see
+   :func:`headhunt.kernels.visible_query_count`), so ``col_mean`` needs no counting.
+
+Scores are handled in log2 units (``s2 = s * log2 e``) so the kernels use ``exp2``;
+results are converted back to natural units before they are stored.
+
+Importing this module imports Triton; :mod:`headhunt.kernels` only does so lazily.
+Set ``TRITON_INTERPRET=1`` before importing Triton to run the kernels on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float
+from torch import Tensor
+
+from .reference import visible_query_count
+from .types import AttentionStats
+
+__all__ = ["KernelConfig", "attention_stats_triton", "default_config"]
+
+# Tests set this to True: outputs are then allocated filled with NaN (argmax with a
+# sentinel) instead of torch.empty, so any element a kernel forgets to write shows up.
+POISON_OUTPUTS = False
+ARGMAX_POISON = -7
+
+_LOG2E = 1.0 / math.log(2.0)
+_LN2 = math.log(2.0)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch parameters of the two kernels.
+
+    Attributes:
+        row_block_m: Query rows per program in the row-stats pass.
+        row_block_n: Keys per inner-loop tile in the row-stats pass.
+        row_warps: Warps per program in the row-stats pass.
+        row_stages: Software-pipelining depth of the row-stats key loop.
+        col_block_n: Keys per program in the column-stats pass.
+        col_block_m: Query rows per inner-loop tile in the column-stats pass.
+        col_warps: Warps per program in the column-stats pass.
+        col_stages: Software-pipelining depth of the column-stats query loop.
+    """
+
+    row_block_m: int = 128
+    row_block_n: int = 64
+    row_warps: int = 4
+    row_stages: int = 3
+    col_block_n: int = 128
+    col_block_m: int = 64
+    col_warps: int = 4
+    col_stages: int = 3
+
+
+def default_config(head_dim: int) -> KernelConfig:
+    """Launch configuration used when none is given.
+
+    Args:
+        head_dim: Head dimension ``d`` of q and k.
+
+    Returns:
+        The configuration for this head dimension (tiny tiles under the interpreter,
+        where every tile element costs Python time).
+    """
+    if _interpreting():
+        return KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
+    if head_dim <= 64:
+        return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3)
+    return KernelConfig(128, 64, 8, 2, 128, 64, 8, 2)
+
+
+@triton.jit
+def _row_update(
+    s,
+    m_i,
+    l_i,
+    a_i,
+    t_i,
+    n0,
+    valid,
+    MASKED: tl.constexpr,
+    ENTROPY: tl.constexpr,
+):
+    """Fold one tile of log2-unit scores ``s`` [BLOCK_M, BLOCK_N] into the row state."""
+    if MASKED:
+        s = tl.where(valid, s, float("-inf"))
+    # One reduction gives both the tile max and its first index (ties -> lowest).
+    m_tile, a_tile = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    # Strict '>' keeps the earlier tile's index on ties across tiles.
+    a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+    m_new = tl.maximum(m_i, m_tile)
+    alpha = tl.math.exp2(m_i - m_new)
+    shifted = s - m_new[:, None]
+    e = tl.math.exp2(shifted)
+    if ENTROPY:
+        # t = sum_j e_j (s_j - m) re-based to the new max; masked entries would give
+        # 0 * (-inf) = NaN, so they are zeroed explicitly.
+        et = e * shifted
+        if MASKED:
+            et = tl.where(valid, et, 0.0)
+        t_i = alpha * (t_i + (m_i - m_new) * l_i) + tl.sum(et, axis=1)
+    l_i = l_i * alpha + tl.sum(e, axis=1)
+    return m_new, l_i, a_i, t_i
+
+
+@triton.jit
+def _row_stats_kernel(
+    Q,
+    K,
+    LSE,
+    MAX,
+    ARG,
+    ENT,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    nq,
+    nk,
+    q_offset,
+    hq,
+    group,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # Query tiles run longest-first (the last tile sees the most keys under the causal
+    # mask), so the long programs start in the first wave and the tail stays short.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // hq
+    h = pid_bh % hq
+    kvh = h // group  # GQA: read the shared kv head, never a repeated copy of k
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < nq) & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * stride_kb + kvh * stride_kh + offs_d[None, :]
+
+    # The running max starts at a finite -1e30 rather than -inf so that the first
+    # rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for every row.
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
+    pos = q_offset + offs_m  # absolute position of each query row
+
+    if CAUSAL:
+        # Key tiles entirely visible to every row of this tile need no mask; the
+        # tiles from n_full up to hi straddle the diagonal (or the end of k).
+        first_seen = tl.minimum(tl.maximum(q_offset + m0 + 1, 0), nk)
+        n_full = (first_seen // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(tl.maximum(q_offset + m0 + BLOCK_M, 0), nk)
+    else:
+        n_full = (nk // BLOCK_N) * BLOCK_N
+        hi = nk
+
+    for n0 in range(0, n_full, BLOCK_N):
+        k = tl.load(k_base + (n0 + offs_n)[:, None] * stride_kn, mask=d_ok[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, s, False, ENTROPY)
+
+    for n0 in range(n_full, hi, BLOCK_N):
+        cols = n0 + offs_n
+        k = tl.load(
+            k_base + cols[:, None] * stride_kn,
+            mask=(cols[:, None] < nk) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        valid = cols[None, :] < nk
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= pos[:, None])
+        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, valid, True, ENTROPY)
+
+    # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
+    seen = l_i > 0.0
+    lse = tl.where(seen, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    mx = tl.where(seen, m_i * 0.6931471805599453, float("-inf"))
+    out = pid_bh * nq + offs_m
+    row_ok = offs_m < nq
+    tl.store(LSE + out, lse, mask=row_ok)
+    tl.store(MAX + out, mx, mask=row_ok)
+    tl.store(ARG + out, a_i.to(tl.int64), mask=row_ok)
+    if ENTROPY:
+        # H = ln l - ln2 * t / l with t in log2 units (see _row_update).
+        ent = tl.math.log(l_i) - 0.6931471805599453 * t_i / l_i
+        tl.store(ENT + out, tl.where(seen, ent, 0.0), mask=row_ok)
+
+
+@triton.jit
+def _col_stats_kernel(
+    Q,
+    K,
+    LSE,
+    COL,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    nq,
+    nk,
+    q_offset,
+    hq,
+    group,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # Key tile 0 has the most visible queries under the causal mask and already runs
+    # first in launch order, so no reordering is needed here.
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // hq
+    h = pid_bh % hq
+    kvh = h // group
+
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+
+    k_ptrs = K + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k = tl.load(k_ptrs, mask=(offs_n[:, None] < nk) & d_ok[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
+    lse_base = LSE + pid_bh * nq
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    if CAUSAL:
+        # First query that sees key n0 is i = n0 - q_offset; queries from
+        # n0 + BLOCK_N - 1 - q_offset on see every key of the tile (no mask needed).
+        m_lo = (tl.minimum(tl.maximum(n0 - q_offset, 0), nq) // BLOCK_M) * BLOCK_M
+        all_seen = tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0)
+        m_mid = tl.maximum(((all_seen + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_lo)
+    else:
+        m_lo = 0
+        m_mid = 0
+
+    for m0 in range(m_lo, m_mid, BLOCK_M):
+        rows = m0 + offs_m
+        q = tl.load(
+            q_base + rows[:, None] * stride_qm,
+            mask=(rows[:, None] < nq) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        # Rows past nq read lse = +inf, so their exp2(s - inf) is exactly 0.
+        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * 1.4426950408889634
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
+        p = tl.math.exp2(st * qk_scale - lse2[None, :])
+        # Causal mask; it also drops rows with lse = -inf (positions < 0 see no key),
+        # whose exp2(+inf) would otherwise poison the sum.
+        p = tl.where(offs_n[:, None] <= q_offset + rows[None, :], p, 0.0)
+        acc += tl.sum(p, axis=1)
+
+    for m0 in range(m_mid, nq, BLOCK_M):
+        rows = m0 + offs_m
+        q = tl.load(
+            q_base + rows[:, None] * stride_qm,
+            mask=(rows[:, None] < nq) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * 1.4426950408889634
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        p = tl.math.exp2(st * qk_scale - lse2[None, :])
+        acc += tl.sum(p, axis=1)
+
+    tl.store(COL + pid_bh * nk + offs_n, acc, mask=offs_n < nk)
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    if not POISON_OUTPUTS:
+        return torch.empty(shape, dtype=dtype, device=device)
+    fill = ARGMAX_POISON if dtype == torch.int64 else float("nan")
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def attention_stats_triton(
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    key_stats: bool = True,
+    entropy: bool = False,
+    q_offset: int | None = None,
+    config: KernelConfig | None = None,
+) -> AttentionStats:
+    """Triton implementation of :func:`headhunt.kernels.attention_stats`.
+
+    Args:
+        q: Queries ``[batch, query heads, queries, head dim]`` on CUDA (or on CPU with
+            ``TRITON_INTERPRET=1``).
+        k: Keys ``[batch, kv heads, keys, head dim]``, same device and dtype family.
+        causal: Apply the bottom-right aligned causal mask.
+        scale: Score scale; defaults to ``1 / sqrt(head dim)``.
+        key_stats: Run the second (column) pass for ``col_sum`` / ``col_mean``.
+        entropy: Accumulate per-query entropy in the first pass.
+        q_offset: Absolute position of query 0; defaults to ``nk - nq``.
+        config: Tile sizes / warps / stages; defaults to :func:`default_config`.
+
+    Returns:
+        The statistics (float32, int64 argmax) on ``q``'s device.
+    """
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if q.device.type != "cuda" and not _interpreting():
+        raise RuntimeError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if q_offset is None:
+        q_offset = nk - nq
+    cfg = config or default_config(d)
+    if k.dtype != q.dtype:
+        k = k.to(q.dtype)
+    # The kernels assume unit stride along d (16-byte vector loads); other strides are
+    # free to be anything, so [b, n, h, d] tensors viewed as [b, h, n, d] need no copy.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+
+    dev = q.device
+    lse = _alloc((b, hq, nq), torch.float32, dev)
+    mx = _alloc((b, hq, nq), torch.float32, dev)
+    arg = _alloc((b, hq, nq), torch.int64, dev)
+    ent = _alloc((b, hq, nq), torch.float32, dev) if entropy else lse  # dummy pointer
+    # fp32 inputs get exact fp32 products: tf32 would cost ~1e-3 relative error on p.
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # The interpreter stores bf16 as uint16 and its tl.dot multiplies those integers
+    # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
+    # are what the tensor cores compute, so upcast the tiles there.
+    upcast = _interpreting() and q.dtype == torch.bfloat16
+    block_d = max(16, triton.next_power_of_2(d))
+    qk_scale = float(scale) * _LOG2E
+
+    if nq > 0:
+        grid = (triton.cdiv(nq, cfg.row_block_m), b * hq)
+        _row_stats_kernel[grid](
+            q,
+            k,
+            lse,
+            mx,
+            arg,
+            ent,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            nq,
+            nk,
+            q_offset,
+            hq,
+            hq // hkv,
+            qk_scale,
+            D=d,
+            BLOCK_D=block_d,
+            BLOCK_M=cfg.row_block_m,
+            BLOCK_N=cfg.row_block_n,
+            CAUSAL=causal,
+            ENTROPY=entropy,
+            PRECISION=precision,
+            UPCAST=upcast,
+            num_warps=cfg.row_warps,
+            num_stages=cfg.row_stages,
+        )
+
+    col_sum = col_mean = None
+    if key_stats:
+        col_sum = _alloc((b, hq, nk), torch.float32, dev)
+        if nk > 0:
+            grid = (triton.cdiv(nk, cfg.col_block_n), b * hq)
+            _col_stats_kernel[grid](
+                q,
+                k,
+                lse,
+                col_sum,
+                q.stride(0),
+                q.stride(1),
+                q.stride(2),
+                k.stride(0),
+                k.stride(1),
+                k.stride(2),
+                nq,
+                nk,
+                q_offset,
+                hq,
+                hq // hkv,
+                qk_scale,
+                D=d,
+                BLOCK_D=block_d,
+                BLOCK_N=cfg.col_block_n,
+                BLOCK_M=cfg.col_block_m,
+                CAUSAL=causal,
+                PRECISION=precision,
+                UPCAST=upcast,
+                num_warps=cfg.col_warps,
+                num_stages=cfg.col_stages,
+            )
+        count = visible_query_count(nq, nk, causal=causal, q_offset=q_offset, device=dev)
+        col_mean = torch.where(count > 0, col_sum / count.clamp_min(1.0), 0.0)
+
+    return AttentionStats(
+        lse=lse,
+        max_score=mx,
+        argmax=arg,
+        entropy=ent if entropy else None,
+        col_sum=col_sum,
+        col_mean=col_mean,
+    )
