@@ -103,14 +103,18 @@ def _row_update(
     valid,
     MASKED: tl.constexpr,
     ENTROPY: tl.constexpr,
+    ARGMAX: tl.constexpr,
 ):
     """Fold one tile of log2-unit scores ``s`` [BLOCK_M, BLOCK_N] into the row state."""
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
-    # One reduction gives both the tile max and its first index (ties -> lowest).
-    m_tile, a_tile = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    # Strict '>' keeps the earlier tile's index on ties across tiles.
-    a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+    if ARGMAX:
+        # One reduction gives both the tile max and its first index (ties -> lowest).
+        m_tile, a_tile = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        # Strict '>' keeps the earlier tile's index on ties across tiles.
+        a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+    else:  # benchmarking only: measures what the argmax costs
+        m_tile = tl.max(s, axis=1)
     m_new = tl.maximum(m_i, m_tile)
     alpha = tl.math.exp2(m_i - m_new)
     shifted = s - m_new[:, None]
@@ -152,6 +156,7 @@ def _row_stats_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     ENTROPY: tl.constexpr,
+    ARGMAX: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -198,7 +203,7 @@ def _row_stats_kernel(
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, s, False, ENTROPY)
+        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, s, False, ENTROPY, ARGMAX)
 
     for n0 in range(n_full, hi, BLOCK_N):
         cols = n0 + offs_n
@@ -213,7 +218,7 @@ def _row_stats_kernel(
         valid = cols[None, :] < nk
         if CAUSAL:
             valid = valid & (cols[None, :] <= pos[:, None])
-        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, valid, True, ENTROPY)
+        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, valid, True, ENTROPY, ARGMAX)
 
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
     seen = l_i > 0.0
@@ -330,6 +335,151 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """Arguments shared by both kernel launches (prepared once by _prepare)."""
+
+    q: Tensor
+    k: Tensor
+    b: int
+    hq: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    causal: bool
+    q_offset: int
+    qk_scale: float
+    precision: str
+    upcast: bool
+    cfg: KernelConfig
+
+
+def _prepare(
+    q: Tensor,
+    k: Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    q_offset: int | None,
+    config: KernelConfig | None,
+) -> _Launch:
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if q.device.type != "cuda" and not _interpreting():
+        raise RuntimeError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if q_offset is None:
+        q_offset = nk - nq
+    if k.dtype != q.dtype:
+        k = k.to(q.dtype)
+    # The kernels assume unit stride along d (16-byte vector loads); other strides are
+    # free to be anything, so [b, n, h, d] tensors viewed as [b, h, n, d] need no copy.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    # fp32 inputs get exact fp32 products: tf32 would cost ~1e-3 relative error on p.
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # The interpreter stores bf16 as uint16 and its tl.dot multiplies those integers
+    # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
+    # are what the tensor cores compute, so upcast the tiles there.
+    upcast = _interpreting() and q.dtype == torch.bfloat16
+    return _Launch(
+        q=q,
+        k=k,
+        b=b,
+        hq=hq,
+        hkv=hkv,
+        nq=nq,
+        nk=nk,
+        d=d,
+        causal=causal,
+        q_offset=int(q_offset),
+        qk_scale=float(scale) * _LOG2E,
+        precision=precision,
+        upcast=upcast,
+        cfg=config or default_config(d),
+    )
+
+
+def _launch_row(
+    L: _Launch, lse: Tensor, mx: Tensor, arg: Tensor, ent: Tensor | None, argmax: bool = True
+) -> None:
+    """Pass 1: lse, max_score, argmax (and entropy when ``ent`` is given)."""
+    if L.nq == 0:
+        return
+    cfg = L.cfg
+    grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
+    _row_stats_kernel[grid](
+        L.q,
+        L.k,
+        lse,
+        mx,
+        arg,
+        ent if ent is not None else lse,  # unused pointer when ENTROPY is off
+        L.q.stride(0),
+        L.q.stride(1),
+        L.q.stride(2),
+        L.k.stride(0),
+        L.k.stride(1),
+        L.k.stride(2),
+        L.nq,
+        L.nk,
+        L.q_offset,
+        L.hq,
+        L.hq // L.hkv,
+        L.qk_scale,
+        D=L.d,
+        BLOCK_D=max(16, triton.next_power_of_2(L.d)),
+        BLOCK_M=cfg.row_block_m,
+        BLOCK_N=cfg.row_block_n,
+        CAUSAL=L.causal,
+        ENTROPY=ent is not None,
+        ARGMAX=argmax,
+        PRECISION=L.precision,
+        UPCAST=L.upcast,
+        num_warps=cfg.row_warps,
+        num_stages=cfg.row_stages,
+    )
+
+
+def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor) -> None:
+    """Pass 2: col_sum from q, k and the lse of pass 1."""
+    if L.nk == 0:
+        return
+    cfg = L.cfg
+    grid = (triton.cdiv(L.nk, cfg.col_block_n), L.b * L.hq)
+    _col_stats_kernel[grid](
+        L.q,
+        L.k,
+        lse,
+        col_sum,
+        L.q.stride(0),
+        L.q.stride(1),
+        L.q.stride(2),
+        L.k.stride(0),
+        L.k.stride(1),
+        L.k.stride(2),
+        L.nq,
+        L.nk,
+        L.q_offset,
+        L.hq,
+        L.hq // L.hkv,
+        L.qk_scale,
+        D=L.d,
+        BLOCK_D=max(16, triton.next_power_of_2(L.d)),
+        BLOCK_N=cfg.col_block_n,
+        BLOCK_M=cfg.col_block_m,
+        CAUSAL=L.causal,
+        PRECISION=L.precision,
+        UPCAST=L.upcast,
+        num_warps=cfg.col_warps,
+        num_stages=cfg.col_stages,
+    )
+
+
 def attention_stats_triton(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
@@ -346,7 +496,7 @@ def attention_stats_triton(
     Args:
         q: Queries ``[batch, query heads, queries, head dim]`` on CUDA (or on CPU with
             ``TRITON_INTERPRET=1``).
-        k: Keys ``[batch, kv heads, keys, head dim]``, same device and dtype family.
+        k: Keys ``[batch, kv heads, keys, head dim]`` on the same device.
         causal: Apply the bottom-right aligned causal mask.
         scale: Score scale; defaults to ``1 / sqrt(head dim)``.
         key_stats: Run the second (column) pass for ``col_sum`` / ``col_mean``.
@@ -357,111 +507,22 @@ def attention_stats_triton(
     Returns:
         The statistics (float32, int64 argmax) on ``q``'s device.
     """
-    b, hq, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    if q.device.type != "cuda" and not _interpreting():
-        raise RuntimeError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if q_offset is None:
-        q_offset = nk - nq
-    cfg = config or default_config(d)
-    if k.dtype != q.dtype:
-        k = k.to(q.dtype)
-    # The kernels assume unit stride along d (16-byte vector loads); other strides are
-    # free to be anything, so [b, n, h, d] tensors viewed as [b, h, n, d] need no copy.
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-
-    dev = q.device
-    lse = _alloc((b, hq, nq), torch.float32, dev)
-    mx = _alloc((b, hq, nq), torch.float32, dev)
-    arg = _alloc((b, hq, nq), torch.int64, dev)
-    ent = _alloc((b, hq, nq), torch.float32, dev) if entropy else lse  # dummy pointer
-    # fp32 inputs get exact fp32 products: tf32 would cost ~1e-3 relative error on p.
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # The interpreter stores bf16 as uint16 and its tl.dot multiplies those integers
-    # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
-    # are what the tensor cores compute, so upcast the tiles there.
-    upcast = _interpreting() and q.dtype == torch.bfloat16
-    block_d = max(16, triton.next_power_of_2(d))
-    qk_scale = float(scale) * _LOG2E
-
-    if nq > 0:
-        grid = (triton.cdiv(nq, cfg.row_block_m), b * hq)
-        _row_stats_kernel[grid](
-            q,
-            k,
-            lse,
-            mx,
-            arg,
-            ent,
-            q.stride(0),
-            q.stride(1),
-            q.stride(2),
-            k.stride(0),
-            k.stride(1),
-            k.stride(2),
-            nq,
-            nk,
-            q_offset,
-            hq,
-            hq // hkv,
-            qk_scale,
-            D=d,
-            BLOCK_D=block_d,
-            BLOCK_M=cfg.row_block_m,
-            BLOCK_N=cfg.row_block_n,
-            CAUSAL=causal,
-            ENTROPY=entropy,
-            PRECISION=precision,
-            UPCAST=upcast,
-            num_warps=cfg.row_warps,
-            num_stages=cfg.row_stages,
-        )
+    L = _prepare(q, k, causal=causal, scale=scale, q_offset=q_offset, config=config)
+    dev = L.q.device
+    shape = (L.b, L.hq, L.nq)
+    lse = _alloc(shape, torch.float32, dev)
+    mx = _alloc(shape, torch.float32, dev)
+    arg = _alloc(shape, torch.int64, dev)
+    ent = _alloc(shape, torch.float32, dev) if entropy else None
+    _launch_row(L, lse, mx, arg, ent)
 
     col_sum = col_mean = None
     if key_stats:
-        col_sum = _alloc((b, hq, nk), torch.float32, dev)
-        if nk > 0:
-            grid = (triton.cdiv(nk, cfg.col_block_n), b * hq)
-            _col_stats_kernel[grid](
-                q,
-                k,
-                lse,
-                col_sum,
-                q.stride(0),
-                q.stride(1),
-                q.stride(2),
-                k.stride(0),
-                k.stride(1),
-                k.stride(2),
-                nq,
-                nk,
-                q_offset,
-                hq,
-                hq // hkv,
-                qk_scale,
-                D=d,
-                BLOCK_D=block_d,
-                BLOCK_N=cfg.col_block_n,
-                BLOCK_M=cfg.col_block_m,
-                CAUSAL=causal,
-                PRECISION=precision,
-                UPCAST=upcast,
-                num_warps=cfg.col_warps,
-                num_stages=cfg.col_stages,
-            )
-        count = visible_query_count(nq, nk, causal=causal, q_offset=q_offset, device=dev)
+        col_sum = _alloc((L.b, L.hq, L.nk), torch.float32, dev)
+        _launch_col(L, lse, col_sum)
+        count = visible_query_count(L.nq, L.nk, causal=causal, q_offset=L.q_offset, device=dev)
         col_mean = torch.where(count > 0, col_sum / count.clamp_min(1.0), 0.0)
 
     return AttentionStats(
-        lse=lse,
-        max_score=mx,
-        argmax=arg,
-        entropy=ent if entropy else None,
-        col_sum=col_sum,
-        col_mean=col_mean,
+        lse=lse, max_score=mx, argmax=arg, entropy=ent, col_sum=col_sum, col_mean=col_mean
     )
