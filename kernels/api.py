@@ -88,7 +88,7 @@ def attention_stats(
             ``hkv`` and query head ``h`` reads kv head ``h // (hq // hkv)`` (GQA).
             Statistics are per query head.
         causal: Apply the causal mask (bottom-right aligned).
-        scale: Score scale; defaults to ``1 / sqrt(head dim)``.
+        scale: Score scale (must be positive); defaults to ``1 / sqrt(head dim)``.
         key_stats: Also compute ``col_sum`` / ``col_mean`` (a second pass over the
             scores on the Triton backend).
         entropy: Also compute each query's entropy in nats.
@@ -102,6 +102,10 @@ def attention_stats(
     b, hq, nq, d, hkv, nk = _check_qk(q, k)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
+    if not scale > 0:
+        # The kernels fold the scale into the exponent after taking the max of raw
+        # products, which is only valid for a positive scale.
+        raise ValueError(f"scale must be positive; got {scale}")
     if q_offset is None:
         q_offset = nk - nq
     kwargs = dict(

@@ -101,11 +101,18 @@ def _row_update(
     t_i,
     n0,
     valid,
+    qk_scale,
     MASKED: tl.constexpr,
     ENTROPY: tl.constexpr,
     ARGMAX: tl.constexpr,
 ):
-    """Fold one tile of log2-unit scores ``s`` [BLOCK_M, BLOCK_N] into the row state."""
+    """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state.
+
+    ``m_i`` is the running max of the raw products; since ``qk_scale > 0`` the scaling
+    commutes with max, and it is folded into the exponent as one FMA per element,
+    ``exp2(s * qk_scale - m * qk_scale)``, instead of a separate multiply.
+    ``l_i = sum exp2((s - m) qk_scale)`` and ``t_i = sum e (s - m) qk_scale`` (log2 units).
+    """
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
     if ARGMAX:
@@ -116,16 +123,17 @@ def _row_update(
     else:  # benchmarking only: measures what the argmax costs
         m_tile = tl.max(s, axis=1)
     m_new = tl.maximum(m_i, m_tile)
-    alpha = tl.math.exp2(m_i - m_new)
-    shifted = s - m_new[:, None]
+    m_scaled = m_new * qk_scale
+    alpha = tl.math.exp2(m_i * qk_scale - m_scaled)
+    shifted = s * qk_scale - m_scaled[:, None]
     e = tl.math.exp2(shifted)
     if ENTROPY:
-        # t = sum_j e_j (s_j - m) re-based to the new max; masked entries would give
-        # 0 * (-inf) = NaN, so they are zeroed explicitly.
+        # t re-based to the new max; masked entries would give 0 * (-inf) = NaN, so
+        # they are zeroed explicitly.
         et = e * shifted
         if MASKED:
             et = tl.where(valid, et, 0.0)
-        t_i = alpha * (t_i + (m_i - m_new) * l_i) + tl.sum(et, axis=1)
+        t_i = alpha * (t_i + (m_i - m_new) * qk_scale * l_i) + tl.sum(et, axis=1)
     l_i = l_i * alpha + tl.sum(e, axis=1)
     return m_new, l_i, a_i, t_i
 
@@ -174,14 +182,22 @@ def _row_stats_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    # 64-bit offsets: a [b, n, h, d] view has row stride h * d, so n * stride can pass
+    # 2**31 at long contexts; these are per-row/per-tile, not per-element, costs.
+    q_ptrs = (
+        Q
+        + b.to(tl.int64) * stride_qb
+        + h.to(tl.int64) * stride_qh
+        + offs_m.to(tl.int64)[:, None] * stride_qm
+        + offs_d[None, :]
+    )
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < nq) & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    k_base = K + b * stride_kb + kvh * stride_kh + offs_d[None, :]
+    k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
 
-    # The running max starts at a finite -1e30 rather than -inf so that the first
-    # rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for every row.
+    # The running max (of raw q . k) starts at a finite -1e30 rather than -inf so that
+    # the first rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for every row.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -199,31 +215,37 @@ def _row_stats_kernel(
         hi = nk
 
     for n0 in range(0, n_full, BLOCK_N):
-        k = tl.load(k_base + (n0 + offs_n)[:, None] * stride_kn, mask=d_ok[None, :], other=0.0)
+        k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
+        k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, s, False, ENTROPY, ARGMAX)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        m_i, l_i, a_i, t_i = _row_update(
+            s, m_i, l_i, a_i, t_i, n0, s, qk_scale, False, ENTROPY, ARGMAX
+        )
 
     for n0 in range(n_full, hi, BLOCK_N):
         cols = n0 + offs_n
         k = tl.load(
-            k_base + cols[:, None] * stride_kn,
+            k_base + cols.to(tl.int64)[:, None] * stride_kn,
             mask=(cols[:, None] < nk) & d_ok[None, :],
             other=0.0,
         )
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         valid = cols[None, :] < nk
         if CAUSAL:
             valid = valid & (cols[None, :] <= pos[:, None])
-        m_i, l_i, a_i, t_i = _row_update(s, m_i, l_i, a_i, t_i, n0, valid, True, ENTROPY, ARGMAX)
+        m_i, l_i, a_i, t_i = _row_update(
+            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, True, ENTROPY, ARGMAX
+        )
 
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
     seen = l_i > 0.0
-    lse = tl.where(seen, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    mx = tl.where(seen, m_i * 0.6931471805599453, float("-inf"))
+    m2 = m_i * qk_scale  # row max in log2 units
+    lse = tl.where(seen, (m2 + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    mx = tl.where(seen, m2 * 0.6931471805599453, float("-inf"))
     out = pid_bh * nq + offs_m
     row_ok = offs_m < nq
     tl.store(LSE + out, lse, mask=row_ok)
@@ -275,11 +297,17 @@ def _col_stats_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    k_ptrs = K + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k_ptrs = (
+        K
+        + b.to(tl.int64) * stride_kb
+        + kvh.to(tl.int64) * stride_kh
+        + offs_n.to(tl.int64)[:, None] * stride_kn
+        + offs_d[None, :]
+    )
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < nk) & d_ok[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
-    q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_d[None, :]
     lse_base = LSE + pid_bh * nq
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
 
@@ -296,7 +324,7 @@ def _col_stats_kernel(
     for m0 in range(m_lo, m_mid, BLOCK_M):
         rows = m0 + offs_m
         q = tl.load(
-            q_base + rows[:, None] * stride_qm,
+            q_base + rows.to(tl.int64)[:, None] * stride_qm,
             mask=(rows[:, None] < nq) & d_ok[None, :],
             other=0.0,
         )
@@ -314,7 +342,7 @@ def _col_stats_kernel(
     for m0 in range(m_mid, nq, BLOCK_M):
         rows = m0 + offs_m
         q = tl.load(
-            q_base + rows[:, None] * stride_qm,
+            q_base + rows.to(tl.int64)[:, None] * stride_qm,
             mask=(rows[:, None] < nq) & d_ok[None, :],
             other=0.0,
         )

@@ -158,6 +158,8 @@ def test_input_validation():
         attention_stats(q, k[:, :2], backend="cuda")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         attention_stats(q.int(), k[:, :2])
+    with pytest.raises(ValueError, match="positive"):
+        attention_stats(q, k[:, :2], scale=-1.0)
     st = attention_stats(q, k[:, :2])
     assert isinstance(st, AttentionStats)
     with pytest.raises(ValueError, match="lse"):

@@ -1,0 +1,273 @@
+"""Benchmark headhunt.kernels.attention_stats against torch SDPA and eager attention.
+
+Run on a CUDA machine::
+
+    python benchmarks/bench_kernels.py --out kernels.json
+
+For every head layout and length it times (median of CUDA-event timings after warm-up,
+``triton.testing.do_bench``) and measures peak extra memory
+(``torch.cuda.max_memory_allocated`` minus what was allocated before the call, i.e.
+minus the inputs) for:
+
+* ``stats``: our Triton statistics, lse + max + argmax (pass 1) and col_sum/col_mean
+  (pass 2), bf16 inputs, causal;
+* ``row``: pass 1 alone (``key_stats=False``);
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` forward on the same q, k
+  and a v of k's shape (GQA via ``enable_gqa=True``), the speed anchor;
+* ``eager``: bf16 matmul, masked fp32 softmax, row max/argmax and column sum, as
+  analysis code without our kernels would do it (no lse); ``OOM`` where it does not
+  fit.
+
+TFLOP/s counts matrix-multiply FLOPs only: one ``QK^T`` pass is ``2*b*hq*nq*nk*d``,
+halved for causal. ``stats`` and ``sdpa`` both execute two such passes (we compute
+``QK^T`` twice; SDPA computes ``QK^T`` and ``PV``), ``row`` and ``eager`` one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# (label, query heads, kv heads, head dim)
+LAYOUTS = {
+    "9q3kv-d64": (9, 3, 64),
+    "32q8kv-d128": (32, 8, 128),
+    "9q3kv-d128": (9, 3, 128),
+    "32q8kv-d64": (32, 8, 64),
+}
+
+
+def _qk_flops(hq: int, n: int, d: int, causal: bool = True) -> float:
+    return 2.0 * hq * n * n * d / (2.0 if causal else 1.0)
+
+
+def _peak_extra(fn) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak
+
+
+def _time(fn, rep_ms: int) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def _eager(q, k, hkv: int):
+    """Dense stats the lean obvious way: bf16 scores, fp32 softmax, max/argmax/col sum."""
+    b, hq, n, d = q.shape
+    g = hq // hkv
+    qs = (q * (1.0 / math.sqrt(d))).view(b, hkv, g * n, d)  # GQA without repeating k
+    s = torch.matmul(qs, k.transpose(-1, -2)).view(b, hq, n, n)
+    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
+    s = s.masked_fill_(mask, -math.inf)
+    mx, am = s.max(-1)
+    p = torch.softmax(s, dim=-1, dtype=torch.float32)
+    return mx, am, p.sum(-2)
+
+
+def _bench_case(layout: str, n: int, rep_ms: int, eager_max_n: int) -> dict:
+    from headhunt.kernels.triton_stats import attention_stats_triton
+
+    hq, hkv, d = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(n + d)
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fl = _qk_flops(hq, n, d)
+    row: dict = {"layout": layout, "n": n, "hq": hq, "hkv": hkv, "d": d}
+
+    fns = {
+        "stats": (lambda: attention_stats_triton(q, k, causal=True), 2),
+        "row": (lambda: attention_stats_triton(q, k, causal=True, key_stats=False), 1),
+        "sdpa": (
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            2,
+        ),
+    }
+    if n <= eager_max_n:
+        fns["eager"] = (lambda: _eager(q, k, hkv), 1)
+    for name, (fn, passes) in fns.items():
+        try:
+            mem = _peak_extra(fn)
+            ms = _time(fn, rep_ms)
+            row[f"{name}_ms"] = ms
+            row[f"{name}_mem_mib"] = mem / 2**20
+            row[f"{name}_tflops"] = passes * fl / (ms * 1e-3) / 1e12
+        except torch.OutOfMemoryError:
+            row[f"{name}_ms"] = "OOM"
+            row[f"{name}_mem_mib"] = "OOM"
+        torch.cuda.empty_cache()
+    if "eager_ms" not in row:
+        row["eager_ms"] = row["eager_mem_mib"] = "skipped"
+    if isinstance(row.get("stats_ms"), float) and isinstance(row.get("sdpa_ms"), float):
+        row["stats_over_sdpa"] = row["stats_ms"] / row["sdpa_ms"]
+    return row
+
+
+def _check(n: int = 4096) -> dict:
+    """Triton vs the blocked torch reference (fp32 math) on the GPU, 9q/3kv d64."""
+    from headhunt.kernels import attention_stats
+
+    q = torch.randn(1, 9, n, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 3, n, 64, device="cuda", dtype=torch.bfloat16) * 1.5
+    a = attention_stats(q, k, entropy=True, backend="triton")
+    b = attention_stats(q, k, entropy=True, backend="torch")
+    out = {}
+    for name in ("lse", "max_score", "entropy", "col_sum", "col_mean"):
+        x, y = getattr(a, name).double(), getattr(b, name).double()
+        out[name] = (torch.linalg.vector_norm(x - y) / torch.linalg.vector_norm(y)).item()
+    out["argmax_agree"] = (a.argmax == b.argmax).double().mean().item()
+    return out
+
+
+def _sweep(layout: str, n: int, rep_ms: int) -> list[dict]:
+    """Time each pass alone for a few tile configurations (tuning aid)."""
+    from headhunt.kernels import triton_stats as ts
+
+    hq, hkv, d = LAYOUTS[layout]
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    rows = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+    rows += [(256, 64, 8, 2)]
+    cols = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3)]
+    cols += [(128, 32, 4, 4)]
+    shape = (1, hq, n)
+    lse = torch.empty(shape, device="cuda")
+    mx, arg = torch.empty_like(lse), torch.empty(shape, device="cuda", dtype=torch.int64)
+    col = torch.empty(1, hq, n, device="cuda")
+    fl = _qk_flops(hq, n, d)
+    out = []
+    for i, (r, c) in enumerate(zip(rows, cols, strict=True)):
+        cfg = ts.KernelConfig(*r, *c)
+        L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
+        res = {"layout": layout, "n": n, "row_cfg": r, "col_cfg": c}
+        variants = [
+            ("row", lambda L=L: ts._launch_row(L, lse, mx, arg, None)),
+            ("col", lambda L=L: ts._launch_col(L, lse, col)),
+        ]
+        if i == 0:  # what argmax and entropy cost, at the first configuration only
+            variants += [
+                ("row_noargmax", lambda L=L: ts._launch_row(L, lse, mx, arg, None, False)),
+                ("row_entropy", lambda L=L: ts._launch_row(L, lse, mx, arg, mx)),
+            ]
+        for name, fn in variants:
+            try:
+                ms = _time(fn, rep_ms)
+                res[f"{name}_ms"] = ms
+                res[f"{name}_tflops"] = fl / (ms * 1e-3) / 1e12
+            except Exception as e:  # a config may not fit shared memory / registers
+                res[f"{name}_ms"] = f"error: {type(e).__name__}: {str(e)[:120]}"
+        out.append(res)
+        print(json.dumps(res), flush=True)
+    return out
+
+
+def _cpu_reference(n: int, threads: int) -> dict:
+    """Blocked torch reference on the CPU (9q/3kv d64, bf16 inputs), one call."""
+    from headhunt.kernels.reference import attention_stats_torch
+
+    torch.set_num_threads(threads)
+    q = torch.randn(1, 9, n, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 3, n, 64, dtype=torch.bfloat16)
+    attention_stats_torch(q[:, :, :512], k[:, :, :512])
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        attention_stats_torch(q, k)
+        times.append(time.perf_counter() - t)
+    return {"n": n, "threads": threads, "ms_min": min(times) * 1e3, "ms_all": times}
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+    return format(x, spec) if isinstance(x, float) else str(x)
+
+
+def markdown(rows: list[dict]) -> str:
+    """Markdown table of the main benchmark rows."""
+    head = (
+        "| layout | n | stats ms | row-only ms | SDPA ms | stats/SDPA | eager ms "
+        "| stats TFLOP/s | SDPA TFLOP/s | stats extra MiB | SDPA extra MiB | eager extra MiB |"
+    )
+    lines = [head, "|" + " --- |" * 12]
+    for r in rows:
+        lines.append(
+            f"| {r['layout']} | {r['n'] // 1024}k | {_fmt(r.get('stats_ms'))} "
+            f"| {_fmt(r.get('row_ms'))} | {_fmt(r.get('sdpa_ms'))} "
+            f"| {_fmt(r.get('stats_over_sdpa'))} | {_fmt(r.get('eager_ms'))} "
+            f"| {_fmt(r.get('stats_tflops'), '.0f')} | {_fmt(r.get('sdpa_tflops'), '.0f')} "
+            f"| {_fmt(r.get('stats_mem_mib'), '.1f')} | {_fmt(r.get('sdpa_mem_mib'), '.1f')} "
+            f"| {_fmt(r.get('eager_mem_mib'), '.0f')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="JSON file for all results")
+    p.add_argument("--layouts", default="9q3kv-d64,32q8kv-d128,9q3kv-d128,32q8kv-d64")
+    p.add_argument("--sizes", default="4096,16384,32768,65536")
+    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time")
+    p.add_argument("--eager-max-n", type=int, default=32768, help="skip eager above this")
+    p.add_argument("--sweep", action="store_true", help="also time tile configs at 16k")
+    p.add_argument("--cpu-threads", type=int, default=0, help="also time the CPU reference")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA device", file=sys.stderr)
+        return 2
+
+    import triton
+    from headhunt.kernels.triton_stats import default_config
+
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "configs": {d: asdict(default_config(d)) for d in (64, 128)},
+        "flops_note": "QK^T pass = 2*b*hq*n*n*d/2 (causal); stats and sdpa = 2 passes",
+    }
+
+    def save() -> None:
+        args.out.write_text(json.dumps(result, indent=1))
+
+    result["check_vs_torch_reference"] = _check()
+    print("check:", json.dumps(result["check_vs_torch_reference"]), flush=True)
+    save()
+    if args.sweep:
+        result["sweep"] = []
+        for layout in ("9q3kv-d64", "32q8kv-d128"):
+            result["sweep"] += _sweep(layout, 16384, args.rep_ms)
+            save()
+    result["rows"] = []
+    for layout in args.layouts.split(","):
+        for n in (int(x) for x in args.sizes.split(",")):
+            row = _bench_case(layout, n, args.rep_ms, args.eager_max_n)
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            save()
+    if args.cpu_threads:
+        result["cpu_reference"] = _cpu_reference(8192, args.cpu_threads)
+        print("cpu:", json.dumps(result["cpu_reference"]), flush=True)
+        save()
+    print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}\n")
+    print(markdown(result["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
