@@ -29,14 +29,23 @@ COMMANDS = [
 ]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are reported in one line (the full usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="headhunt",
         description="Find and test the attention heads that make a language model recall.",
     )
     parser.add_argument("--version", action="version", version=f"headhunt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser
+    )
     for name in COMMANDS:
         module = f"headhunt.commands.{name}"
         if importlib.util.find_spec(module) is not None:

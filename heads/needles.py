@@ -154,10 +154,18 @@ class Trial:
 
 
 def find_answer_span(needle_ids: Sequence[int], answer_ids: Sequence[int]) -> tuple[int, int]:
-    """The reference's rule: the first window of the answer's token length whose token set
-    overlaps the answer's token set by more than 90%."""
-    want = set(answer_ids)
+    """Where the answer's tokens sit in the needle.
+
+    An exact match wins. Otherwise the reference's rule applies: the first window of the
+    answer's token length whose token set overlaps the answer's by more than 90% (alone, that
+    set rule can pick a window shifted by one when the answer repeats a token, e.g. "is 2 5 6"
+    for "2 5 6 5").
+    """
     n = len(answer_ids)
+    for i in range(len(needle_ids) - n + 1):
+        if list(needle_ids[i : i + n]) == list(answer_ids):
+            return i, i + n
+    want = set(answer_ids)
     for i in range(len(needle_ids) - n + 1):
         if len(set(needle_ids[i : i + n]) & want) / len(want) > 0.9:
             return i, i + n

@@ -142,13 +142,13 @@ def greedy_decode(
     lengths = torch.zeros(b, dtype=torch.long, device=dev)
     tokens, argmax = [], []
     with model.hooks(*hooks):
-        out = model.model(input_ids=prompts[:, :-1], use_cache=True)
-        past, cur = out.past_key_values, prompts[:, -1:]
+        out = model.model(prompts[:, :-1], None, None, None, use_cache=True, logits_to_keep=1)
+        past, cur = _cache(out), prompts[:, -1:]
         extra = (cap,) if cap is not None else ()
         with model.hooks(*extra):
             for _ in range(max_new_tokens):
-                out = model.model(input_ids=cur, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = model.model(cur, None, None, past, use_cache=True, logits_to_keep=1)
+                past = _cache(out)
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
                 if cap is not None:
@@ -163,3 +163,9 @@ def greedy_decode(
         lengths=lengths,
         argmax=torch.stack(argmax) if argmax else None,
     )
+
+
+def _cache(output):
+    """The KV cache of a model output. The cache is the fourth positional argument of a causal
+    LM's forward, named ``past_key_values`` before transformers 5.2x and ``cache`` after."""
+    return output["cache"] if "cache" in output else output["past_key_values"]

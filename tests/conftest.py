@@ -50,3 +50,15 @@ def smol(device):
         if os.environ.get("CI"):
             raise
         pytest.skip(f"embedded model unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """The tiny model saved as a local Hugging Face folder (a valid --model for the CLI)."""
+    from headhunt.probes.tiny import tiny_llama
+
+    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, max_context=1024)
+    folder = tmp_path_factory.mktemp("tiny-model")
+    m.model.save_pretrained(folder)
+    m.tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,273 @@
+"""Retrieval heads (Wu et al. 2024): the heads that copy the answer out of a long context.
+
+A head scores a hit at a decoding step when its attention row's argmax key lies inside the
+needle's answer span and the prompt token there is the token the model just produced. Each hit
+adds 1 / (span length), so a trial's score is the share of the answer the head copied (it can
+exceed 1: repeats are not removed, as in the reference). A trial counts only when the response
+is right (ROUGE-1 recall of the answer > 0.5); a head's retrieval score is its mean over counted
+trials. Heads above 0.1 are called retrieval heads.
+
+Unlike the reference, which loops in Python over every layer and head at every decoded token
+(a host-device sync per head), all trials of one length decode as a batch and every head's
+argmax is one batched operation per layer (see :func:`headhunt.probes.capture.greedy_decode`);
+prefill uses the model's SDPA kernel, so context length is bounded by the model, not by eager
+attention's N x N memory.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
+from headhunt.heads.scores import HeadScores
+from headhunt.probes.capture import Decoded, greedy_decode
+from headhunt.probes.hooked import HookedModel
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from headhunt.errors import HeadhuntError
+
+METRIC = "retrieval_score"
+
+
+@dataclass
+class RetrievalConfig:
+    """The needle-in-a-haystack grid.
+
+    Attributes:
+        lengths: prompt lengths in tokens (frame, haystack, needle and question together).
+        depths: needle depths in percent of the haystack (0 = start, 100 = end).
+        needles: needle templates (see :data:`headhunt.heads.needles.NEEDLES`); each
+            (length, depth) cell gets one trial per needle and repeat, answers drawn at random.
+        repeats: trials per (length, depth, needle).
+        max_new_tokens: decoding budget (stops earlier at a newline or end of turn).
+        batch_size: trials decoded together; 0 picks by device and length.
+        seed: seeds haystack offsets and answers.
+        haystack: a text file, or None for the bundled corpus.
+        threshold: heads whose score exceeds it are called retrieval heads.
+        min_recall: a trial counts when the response's ROUGE-1 recall of the answer exceeds it.
+    """
+
+    lengths: list[int] = field(default_factory=lambda: [500, 1000, 2000])
+    depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
+    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
+    repeats: int = 1
+    max_new_tokens: int = 24
+    batch_size: int = 0
+    seed: int = 0
+    haystack: str | None = None
+    threshold: float = 0.1
+    min_recall: float = 0.5
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RetrievalConfig:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def validate(self, model: HookedModel | None = None) -> None:
+        """Raise a one-line error for a grid that cannot run (on ``model``, when given)."""
+        if not self.lengths or not self.depths or not self.needles:
+            raise HeadhuntError("lengths, depths and needles must each list at least one value")
+        unknown = [n for n in self.needles if n not in NEEDLES]
+        if unknown:
+            raise HeadhuntError(f"unknown needle {unknown[0]!r} (choose from {', '.join(NEEDLES)})")
+        bad = [d for d in self.depths if not 0 <= d <= 100]
+        if bad:
+            raise HeadhuntError(f"depth {bad[0]} is outside 0..100 (percent)")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise HeadhuntError("repeats and max_new_tokens must be at least 1")
+        for n in self.lengths:
+            if n < 64:
+                raise HeadhuntError(
+                    f"length {n} is too short for a needle-in-a-haystack trial (min 64)"
+                )
+            if model is not None and n + self.max_new_tokens > model.max_context:
+                raise HeadhuntError(
+                    f"length {n} plus {self.max_new_tokens} new tokens exceeds the model's context "
+                    f"of {model.max_context} tokens"
+                )
+
+
+def build_trials(model: HookedModel, config: RetrievalConfig) -> list[Trial]:
+    """Every trial of the grid, deterministic for a seed."""
+    config.validate(model)
+    builder = TrialBuilder(model.tokenizer, read_haystack(config.haystack))
+    trials = []
+    for length in config.lengths:
+        for depth in config.depths:
+            for name in config.needles:
+                for rep in range(config.repeats):
+                    tid = f"L{length}-D{depth:g}-{name}-{rep}"
+                    rng = random.Random(f"{config.seed}/{tid}")
+                    trials.append(builder.build(length, depth / 100, NEEDLES[name], rng, tid))
+    return trials
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    """End-of-sequence ids and every token containing a newline (the reference stops there)."""
+    ids = {i for i in (tokenizer.eos_token_id,) if i is not None}
+    # Byte-level BPE spells a newline "\u010a" (Ċ); SentencePiece spells it "<0x0A>".
+    for piece, i in tokenizer.get_vocab().items():
+        if "\n" in piece or "\u010a" in piece or piece == "<0x0A>":
+            ids.add(i)
+    return ids
+
+
+def trial_hits(
+    decoded: Decoded, prompts: Tensor, spans: Tensor
+) -> tuple[Float[Tensor, "batch layers heads"], Float[Tensor, "batch layers heads"]]:
+    """Per-trial retrieval score and the share of steps whose argmax fell on the answer span.
+
+    Args:
+        decoded: output of ``greedy_decode(..., capture_argmax=True)``.
+        prompts: [batch, n] prompt ids.
+        spans: [batch, 2] answer span [start, end) in the prompt.
+    """
+    am = decoded.argmax  # [steps, layers, batch, heads]
+    assert am is not None
+    steps = am.shape[0]
+    start = spans[:, 0].view(1, 1, -1, 1)
+    end = spans[:, 1].view(1, 1, -1, 1)
+    in_span = (am >= start) & (am < end)
+    # Token at the argmax position (positions past the prompt are generated tokens: no hit).
+    n = prompts.shape[1]
+    safe = am.clamp(max=n - 1)
+    b_idx = torch.arange(prompts.shape[0], device=am.device).view(1, 1, -1, 1)
+    at = prompts[b_idx, safe]
+    produced = decoded.tokens[:, :steps].T.reshape(steps, 1, -1, 1)
+    valid = torch.arange(steps, device=am.device).view(-1, 1) < decoded.lengths.view(1, -1)
+    valid = valid.view(steps, 1, -1, 1)
+    hits = (in_span & (at == produced) & valid).float().sum(0)  # [layers, batch, heads]
+    width = (spans[:, 1] - spans[:, 0]).float().view(1, -1, 1)
+    score = (hits / width).permute(1, 0, 2)
+    on_needle = (
+        (in_span & valid).float().sum(0) / decoded.lengths.clamp(min=1).view(1, -1, 1)
+    ).permute(1, 0, 2)
+    return score, on_needle
+
+
+def auto_batch_size(model: HookedModel, length: int) -> int:
+    """Trials per batch: bounded by a token budget (KV cache and prefill activations)."""
+    budget = 16_384 if model.device.type == "cpu" else 262_144
+    return max(1, budget // length)
+
+
+def run_trials(
+    model: HookedModel,
+    trials: list[Trial],
+    config: RetrievalConfig,
+    *,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Decode every trial (batched by length) and score all heads; returns one record per trial."""
+    stop = stop_token_ids(model.tokenizer)
+    records = []
+    by_length: dict[int, list[Trial]] = {}
+    for t in trials:
+        by_length.setdefault(t.length, []).append(t)
+    bar = tqdm(total=len(trials), desc="retrieval trials", unit="trial", disable=not progress)
+    for length, group in by_length.items():
+        bs = config.batch_size or auto_batch_size(model, length)
+        for i in range(0, len(group), bs):
+            batch = group[i : i + bs]
+            records.extend(_score_batch(model, batch, config, stop, on_record))
+            bar.update(len(batch))
+    bar.close()
+    return records
+
+
+def _score_batch(model, batch, config, stop, on_record) -> list[dict[str, Any]]:
+    prompts = torch.tensor([t.input_ids for t in batch], device=model.device)
+    spans = torch.tensor([t.span for t in batch], device=model.device)
+    decoded = greedy_decode(
+        model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop, capture_argmax=True
+    )
+    score, on_needle = trial_hits(decoded, prompts, spans)
+    score, on_needle = score.cpu().numpy(), on_needle.cpu().numpy()
+    lengths = decoded.lengths.tolist()
+    out = []
+    for j, t in enumerate(batch):
+        ids = [x for x in decoded.tokens[j, : lengths[j]].tolist() if x not in stop]
+        response = model.tokenizer.decode(ids, skip_special_tokens=True)
+        recall = rouge1_recall(t.answer, response)
+        rec = {
+            "id": t.id,
+            "length": t.length,
+            "depth": t.depth,
+            "needle": t.needle,
+            "answer": t.answer,
+            "response": response,
+            "recall": recall,
+            "counted": recall > config.min_recall,
+            "span": list(t.span),
+            "scores": np.round(score[j], 6).tolist(),
+            "on_needle": np.round(on_needle[j], 4).tolist(),
+        }
+        if on_record is not None:
+            on_record(rec)
+        out.append(rec)
+    return out
+
+
+def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScores:
+    """Head scores from trial records: mean and std over counted trials, needle-argmax rate.
+
+    Metrics: ``retrieval_score`` (the paper's score), ``retrieval_score_std``,
+    ``needle_attention`` (share of decode steps whose argmax key is on the answer span, over
+    counted trials; no copy condition), ``counted_trials`` (same for every head).
+    """
+    counted = [r for r in records if r["counted"]]
+    shape = (model.n_layers, model.n_heads)
+    if counted:
+        s = np.array([r["scores"] for r in counted])
+        a = np.array([r["on_needle"] for r in counted])
+        mean, std, att = s.mean(0), s.std(0), a.mean(0)
+    else:
+        mean = std = att = np.zeros(shape)
+    kv = model.n_kv_heads
+    return HeadScores.concat(
+        [
+            HeadScores.from_matrix(METRIC, mean, n_kv_heads=kv),
+            HeadScores.from_matrix("retrieval_score_std", std, n_kv_heads=kv),
+            HeadScores.from_matrix("needle_attention", att, n_kv_heads=kv),
+            HeadScores.from_matrix("counted_trials", np.full(shape, len(counted)), n_kv_heads=kv),
+        ]
+    )
+
+
+def score_retrieval(
+    model: HookedModel, config: RetrievalConfig | None = None, progress: bool = True
+) -> HeadScores:
+    """Score every head's retrieval behaviour over the config's grid (no files written)."""
+    config = config or RetrievalConfig()
+    trials = build_trials(model, config)
+    return aggregate(run_trials(model, trials, config, progress=progress), model)
+
+
+def reference_json(
+    records: Iterable[dict[str, Any]], n_layers: int, n_heads: int
+) -> dict[str, list[float]]:
+    """The reference's file format: {"layer-head": [per counted trial score, ...]}, 0-based."""
+    counted = [r for r in records if r["counted"]]
+    return {
+        f"{layer}-{head}": [r["scores"][layer][head] for r in counted]
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    }
+
+
+def kv_group_table(mean: np.ndarray, n_kv_heads: int, how: str = "max") -> np.ndarray:
+    """Aggregate query-head scores over each KV group ([layers, kv_heads]): "max" (as
+    RazorAttention does) or "mean"."""
+    layers, heads = mean.shape
+    g = mean.reshape(layers, n_kv_heads, heads // n_kv_heads)
+    return g.max(-1) if how == "max" else g.mean(-1)
