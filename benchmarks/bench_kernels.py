@@ -80,7 +80,7 @@ def _eager(q, k, hkv: int):
     return mx, am, p.sum(-2)
 
 
-def _bench_case(layout: str, n: int, rep_ms: int, eager_max_n: int) -> dict:
+def _bench_case(layout: str, n: int, rep_ms: int, eager_max_n: int, config=None) -> dict:
     from headhunt.kernels.triton_stats import attention_stats_triton
 
     hq, hkv, d = LAYOUTS[layout]
@@ -92,8 +92,8 @@ def _bench_case(layout: str, n: int, rep_ms: int, eager_max_n: int) -> dict:
     row: dict = {"layout": layout, "n": n, "hq": hq, "hkv": hkv, "d": d}
 
     fns = {
-        "stats": (lambda: attention_stats_triton(q, k, causal=True), 2),
-        "row": (lambda: attention_stats_triton(q, k, causal=True, key_stats=False), 1),
+        "stats": (lambda: attention_stats_triton(q, k, config=config), 2),
+        "row": (lambda: attention_stats_triton(q, k, key_stats=False, config=config), 1),
         "sdpa": (
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
             2,
@@ -135,46 +135,133 @@ def _check(n: int = 4096) -> dict:
     return out
 
 
-def _sweep(layout: str, n: int, rep_ms: int) -> list[dict]:
-    """Time each pass alone for a few tile configurations (tuning aid)."""
+def _sink_inputs(hq: int, hkv: int, n: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k where key 0 gets the top score of most rows (an attention-sink pattern)."""
+    u = torch.randn(d, device="cuda")
+    u = u / u.norm() * 3.0 * math.sqrt(math.sqrt(d))
+    q = torch.randn(1, hq, n, d, device="cuda") + u
+    k = torch.randn(1, hkv, n, d, device="cuda")
+    k[:, :, 0] += u
+    return q.bfloat16(), k.bfloat16()
+
+
+# (row BM, BN, warps, stages, argmax mode, pipelined) for pass 1 and
+# (col BN, BM, warps, stages, pipelined) for pass 2.
+ROW_VARIANTS = [
+    (128, 64, 4, 3, 1, False),
+    (128, 64, 4, 3, 2, False),
+    (128, 64, 4, 3, 3, False),
+    (128, 64, 4, 3, 1, True),
+    (128, 64, 4, 3, 3, True),
+    (128, 64, 8, 3, 3, False),
+    (64, 64, 4, 3, 3, False),
+    (256, 64, 8, 2, 3, False),
+    (128, 128, 8, 3, 3, False),
+]
+COL_VARIANTS = [
+    (128, 64, 4, 3, False),
+    (64, 128, 4, 3, False),
+    (128, 64, 4, 3, True),
+    (64, 128, 4, 3, True),
+    (128, 64, 8, 3, True),
+    (64, 64, 4, 3, True),
+    (128, 128, 8, 3, True),
+]
+
+
+def _config(row: tuple, col: tuple):
     from headhunt.kernels import triton_stats as ts
+
+    return ts.KernelConfig(
+        *row[:4], *col[:4], argmax_mode=row[4], row_pipeline=row[5], col_pipeline=col[4]
+    )
+
+
+def _sweep(layout: str, n: int, rep_ms: int) -> dict:
+    """Time each pass alone for tile / argmax / pipelining variants; check each one."""
+    from headhunt.kernels import triton_stats as ts
+    from headhunt.kernels.reference import attention_stats_torch
 
     hq, hkv, d = LAYOUTS[layout]
     q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
-    rows = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
-    rows += [(256, 64, 8, 2)]
-    cols = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3)]
-    cols += [(128, 32, 4, 4)]
+    qs, ks = _sink_inputs(hq, hkv, n, d)
+    # Correctness of every variant at an odd length against the torch reference.
+    nc = 3001
+    qc, kc = q[:, :, :nc].contiguous(), k[:, :, :nc].contiguous()
+    ref = attention_stats_torch(qc, kc, entropy=True)
     shape = (1, hq, n)
     lse = torch.empty(shape, device="cuda")
     mx, arg = torch.empty_like(lse), torch.empty(shape, device="cuda", dtype=torch.int64)
     col = torch.empty(1, hq, n, device="cuda")
     fl = _qk_flops(hq, n, d)
-    out = []
-    for i, (r, c) in enumerate(zip(rows, cols, strict=True)):
-        cfg = ts.KernelConfig(*r, *c)
+    out: dict = {"layout": layout, "n": n, "row": [], "col": []}
+
+    def rel(a, b) -> float:
+        return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+
+    def timed(res: dict, name: str, fn) -> None:
+        try:
+            ms = _time(fn, rep_ms)
+            res[f"{name}_ms"] = ms
+            res[f"{name}_tflops"] = fl / (ms * 1e-3) / 1e12
+        except Exception as e:  # a config may not fit shared memory / registers
+            res[f"{name}_ms"] = f"error: {type(e).__name__}: {str(e)[:160]}"
+
+    for i, rv in enumerate(ROW_VARIANTS):
+        cfg = _config(rv, COL_VARIANTS[0])
+        res: dict = {"row_variant": rv}
+        try:
+            st = ts.attention_stats_triton(qc, kc, entropy=True, config=cfg)
+            res["err_lse"] = rel(st.lse, ref.lse)
+            res["err_entropy"] = rel(st.entropy, ref.entropy)
+            res["argmax_agree"] = (st.argmax == ref.argmax).double().mean().item()
+        except Exception as e:
+            res["check"] = f"error: {type(e).__name__}: {str(e)[:160]}"
         L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
-        res = {"layout": layout, "n": n, "row_cfg": r, "col_cfg": c}
-        variants = [
-            ("row", lambda L=L: ts._launch_row(L, lse, mx, arg, None)),
-            ("col", lambda L=L: ts._launch_col(L, lse, col)),
-        ]
+        Ls = ts._prepare(qs, ks, causal=True, scale=None, q_offset=None, config=cfg)
+        timed(res, "row", lambda L=L: ts._launch_row(L, lse, mx, arg, None))
+        timed(res, "row_sink", lambda L=Ls: ts._launch_row(L, lse, mx, arg, None))
         if i == 0:  # what argmax and entropy cost, at the first configuration only
-            variants += [
-                ("row_noargmax", lambda L=L: ts._launch_row(L, lse, mx, arg, None, False)),
-                ("row_entropy", lambda L=L: ts._launch_row(L, lse, mx, arg, mx)),
-            ]
-        for name, fn in variants:
-            try:
-                ms = _time(fn, rep_ms)
-                res[f"{name}_ms"] = ms
-                res[f"{name}_tflops"] = fl / (ms * 1e-3) / 1e12
-            except Exception as e:  # a config may not fit shared memory / registers
-                res[f"{name}_ms"] = f"error: {type(e).__name__}: {str(e)[:120]}"
-        out.append(res)
+            timed(res, "row_noargmax", lambda L=L: ts._launch_row(L, lse, mx, arg, None, False))
+            timed(res, "row_entropy", lambda L=L: ts._launch_row(L, lse, mx, arg, mx))
+        out["row"].append(res)
+        print(json.dumps(res), flush=True)
+    L0 = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=None)
+    ts._launch_row(L0, lse, mx, arg, None)  # a valid lse for the column pass
+    for cv in COL_VARIANTS:
+        cfg = _config(ROW_VARIANTS[0], cv)
+        res = {"col_variant": cv}
+        try:
+            st = ts.attention_stats_triton(qc, kc, config=cfg)
+            res["err_col_sum"] = rel(st.col_sum, ref.col_sum)
+        except Exception as e:
+            res["check"] = f"error: {type(e).__name__}: {str(e)[:160]}"
+        L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
+        timed(res, "col", lambda L=L: ts._launch_col(L, lse, col))
+        out["col"].append(res)
         print(json.dumps(res), flush=True)
     return out
+
+
+def _best(sweep: dict):
+    """Fastest row and column variants that passed their check (random data)."""
+
+    rows = [
+        r
+        for r in sweep["row"]
+        if isinstance(r.get("row_ms"), float)
+        and r.get("err_lse", 1) < 1e-3
+        and r.get("argmax_agree", 0) > 0.999
+    ]
+    cols = [
+        r
+        for r in sweep["col"]
+        if isinstance(r.get("col_ms"), float) and r.get("err_col_sum", 1) < 1e-3
+    ]
+    row = min(rows, key=lambda r: r["row_ms"])["row_variant"]
+    col = min(cols, key=lambda r: r["col_ms"])["col_variant"]
+    return _config(row, col)
 
 
 def _cpu_reference(n: int, threads: int) -> dict:
@@ -223,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="4096,16384,32768,65536")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time")
     p.add_argument("--eager-max-n", type=int, default=32768, help="skip eager above this")
-    p.add_argument("--sweep", action="store_true", help="also time tile configs at 16k")
+    p.add_argument("--sweep", action="store_true", help="time kernel variants at 16k first")
+    p.add_argument(
+        "--tune", action="store_true", help="with --sweep: run the table with the best variants"
+    )
     p.add_argument("--cpu-threads", type=int, default=0, help="also time the CPU reference")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -248,15 +338,23 @@ def main(argv: list[str] | None = None) -> int:
     result["check_vs_torch_reference"] = _check()
     print("check:", json.dumps(result["check_vs_torch_reference"]), flush=True)
     save()
+    configs: dict[int, object] = {}
     if args.sweep:
         result["sweep"] = []
         for layout in ("9q3kv-d64", "32q8kv-d128"):
-            result["sweep"] += _sweep(layout, 16384, args.rep_ms)
+            sw = _sweep(layout, 16384, args.rep_ms)
+            result["sweep"].append(sw)
+            if args.tune:
+                configs[LAYOUTS[layout][2]] = _best(sw)
             save()
+        result["tuned_configs"] = {d: asdict(c) for d, c in configs.items()}
+        print("tuned:", json.dumps(result["tuned_configs"]), flush=True)
     result["rows"] = []
     for layout in args.layouts.split(","):
         for n in (int(x) for x in args.sizes.split(",")):
-            row = _bench_case(layout, n, args.rep_ms, args.eager_max_n)
+            cfg = configs.get(LAYOUTS[layout][2])
+            row = _bench_case(layout, n, args.rep_ms, args.eager_max_n, cfg)
+            row["config"] = "tuned" if cfg else "default"
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
             save()

@@ -43,6 +43,7 @@ POISON_OUTPUTS = False
 ARGMAX_POISON = -7
 
 _LOG2E = 1.0 / math.log(2.0)
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _LN2 = math.log(2.0)
 
 
@@ -63,6 +64,12 @@ class KernelConfig:
         col_block_m: Query rows per inner-loop tile in the column-stats pass.
         col_warps: Warps per program in the column-stats pass.
         col_stages: Software-pipelining depth of the column-stats query loop.
+        argmax_mode: How pass 1 finds the argmax: 1 = one max-with-index reduction;
+            2 = max, then the first column equal to it; 3 = like 2 but the index search
+            runs only for tiles where some row's running max improved.
+        row_pipeline: Issue the next key tile's q.k product before the current tile's
+            softmax work in pass 1 (lets the tensor cores overlap the exp2 work).
+        col_pipeline: The same for the query loop of pass 2.
     """
 
     row_block_m: int = 128
@@ -73,6 +80,9 @@ class KernelConfig:
     col_block_m: int = 64
     col_warps: int = 4
     col_stages: int = 3
+    argmax_mode: int = 1
+    row_pipeline: bool = False
+    col_pipeline: bool = False
 
 
 def default_config(head_dim: int) -> KernelConfig:
@@ -105,6 +115,7 @@ def _row_update(
     MASKED: tl.constexpr,
     ENTROPY: tl.constexpr,
     ARGMAX: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state.
 
@@ -115,11 +126,27 @@ def _row_update(
     """
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
-    if ARGMAX:
+    if ARGMAX == 1:
         # One reduction gives both the tile max and its first index (ties -> lowest).
         m_tile, a_tile = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
         # Strict '>' keeps the earlier tile's index on ties across tiles.
         a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+    elif ARGMAX == 2:
+        # Plain max (one min/max op per element), then the first column holding it:
+        # the max is one of the values of s, so the equality is exact.
+        m_tile = tl.max(s, axis=1)
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        a_tile = tl.min(tl.where(s == m_tile[:, None], cols, BLOCK_N), axis=1)
+        a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+    elif ARGMAX == 3:
+        m_tile = tl.max(s, axis=1)
+        improved = m_tile > m_i
+        # Once the running maxima settle, most tiles improve no row: skip the index
+        # search for the whole tile then (a block-uniform branch).
+        if tl.max(improved.to(tl.int32), axis=0) > 0:
+            cols = tl.arange(0, BLOCK_N)[None, :]
+            a_tile = tl.min(tl.where(s == m_tile[:, None], cols, BLOCK_N), axis=1)
+            a_i = tl.where(improved, n0 + a_tile, a_i)
     else:  # benchmarking only: measures what the argmax costs
         m_tile = tl.max(s, axis=1)
     m_new = tl.maximum(m_i, m_tile)
@@ -165,6 +192,7 @@ def _row_stats_kernel(
     CAUSAL: tl.constexpr,
     ENTROPY: tl.constexpr,
     ARGMAX: tl.constexpr,
+    PIPELINE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -214,15 +242,60 @@ def _row_stats_kernel(
         n_full = (nk // BLOCK_N) * BLOCK_N
         hi = nk
 
-    for n0 in range(0, n_full, BLOCK_N):
-        k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
-        k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        m_i, l_i, a_i, t_i = _row_update(
-            s, m_i, l_i, a_i, t_i, n0, s, qk_scale, False, ENTROPY, ARGMAX
-        )
+    if PIPELINE:
+        # Software pipeline: the product for tile n0 is issued before the softmax work
+        # on tile n0 - BLOCK_N, so the tensor cores and the exp2 units can overlap.
+        if n_full > 0:
+            k_rows = offs_n.to(tl.int64)[:, None] * stride_kn
+            k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            for n0 in range(BLOCK_N, n_full, BLOCK_N):
+                k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
+                k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
+                if UPCAST:
+                    k = k.to(tl.float32)
+                s_next = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                m_i, l_i, a_i, t_i = _row_update(
+                    s,
+                    m_i,
+                    l_i,
+                    a_i,
+                    t_i,
+                    n0 - BLOCK_N,
+                    s,
+                    qk_scale,
+                    False,
+                    ENTROPY,
+                    ARGMAX,
+                    BLOCK_N,
+                )
+                s = s_next
+            m_i, l_i, a_i, t_i = _row_update(
+                s,
+                m_i,
+                l_i,
+                a_i,
+                t_i,
+                n_full - BLOCK_N,
+                s,
+                qk_scale,
+                False,
+                ENTROPY,
+                ARGMAX,
+                BLOCK_N,
+            )
+    else:
+        for n0 in range(0, n_full, BLOCK_N):
+            k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
+            k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            m_i, l_i, a_i, t_i = _row_update(
+                s, m_i, l_i, a_i, t_i, n0, s, qk_scale, False, ENTROPY, ARGMAX, BLOCK_N
+            )
 
     for n0 in range(n_full, hi, BLOCK_N):
         cols = n0 + offs_n
@@ -238,7 +311,7 @@ def _row_stats_kernel(
         if CAUSAL:
             valid = valid & (cols[None, :] <= pos[:, None])
         m_i, l_i, a_i, t_i = _row_update(
-            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, True, ENTROPY, ARGMAX
+            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, True, ENTROPY, ARGMAX, BLOCK_N
         )
 
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
@@ -280,6 +353,7 @@ def _col_stats_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CAUSAL: tl.constexpr,
+    PIPELINE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -331,7 +405,7 @@ def _col_stats_kernel(
         if UPCAST:
             q = q.to(tl.float32)
         # Rows past nq read lse = +inf, so their exp2(s - inf) is exactly 0.
-        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
         st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
         p = tl.math.exp2(st * qk_scale - lse2[None, :])
         # Causal mask; it also drops rows with lse = -inf (positions < 0 see no key),
@@ -339,19 +413,49 @@ def _col_stats_kernel(
         p = tl.where(offs_n[:, None] <= q_offset + rows[None, :], p, 0.0)
         acc += tl.sum(p, axis=1)
 
-    for m0 in range(m_mid, nq, BLOCK_M):
-        rows = m0 + offs_m
-        q = tl.load(
-            q_base + rows.to(tl.int64)[:, None] * stride_qm,
-            mask=(rows[:, None] < nq) & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            q = q.to(tl.float32)
-        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * 1.4426950408889634
-        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-        p = tl.math.exp2(st * qk_scale - lse2[None, :])
-        acc += tl.sum(p, axis=1)
+    if PIPELINE:
+        # Software pipeline as in the row kernel: issue tile m0's product, then do the
+        # exp2 work of the previous tile.
+        if m_mid < nq:
+            rows = m_mid + offs_m
+            q = tl.load(
+                q_base + rows.to(tl.int64)[:, None] * stride_qm,
+                mask=(rows[:, None] < nq) & d_ok[None, :],
+                other=0.0,
+            )
+            if UPCAST:
+                q = q.to(tl.float32)
+            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+            for m0 in range(m_mid + BLOCK_M, nq, BLOCK_M):
+                rows = m0 + offs_m
+                q = tl.load(
+                    q_base + rows.to(tl.int64)[:, None] * stride_qm,
+                    mask=(rows[:, None] < nq) & d_ok[None, :],
+                    other=0.0,
+                )
+                if UPCAST:
+                    q = q.to(tl.float32)
+                lse2_next = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+                st_next = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+                acc += tl.sum(tl.math.exp2(st * qk_scale - lse2[None, :]), axis=1)
+                st = st_next
+                lse2 = lse2_next
+            acc += tl.sum(tl.math.exp2(st * qk_scale - lse2[None, :]), axis=1)
+    else:
+        for m0 in range(m_mid, nq, BLOCK_M):
+            rows = m0 + offs_m
+            q = tl.load(
+                q_base + rows.to(tl.int64)[:, None] * stride_qm,
+                mask=(rows[:, None] < nq) & d_ok[None, :],
+                other=0.0,
+            )
+            if UPCAST:
+                q = q.to(tl.float32)
+            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+            p = tl.math.exp2(st * qk_scale - lse2[None, :])
+            acc += tl.sum(p, axis=1)
 
     tl.store(COL + pid_bh * nk + offs_n, acc, mask=offs_n < nk)
 
@@ -465,7 +569,8 @@ def _launch_row(
         BLOCK_N=cfg.row_block_n,
         CAUSAL=L.causal,
         ENTROPY=ent is not None,
-        ARGMAX=argmax,
+        ARGMAX=cfg.argmax_mode if argmax else 0,
+        PIPELINE=cfg.row_pipeline,
         PRECISION=L.precision,
         UPCAST=L.upcast,
         num_warps=cfg.row_warps,
@@ -501,6 +606,7 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor) -> None:
         BLOCK_N=cfg.col_block_n,
         BLOCK_M=cfg.col_block_m,
         CAUSAL=L.causal,
+        PIPELINE=cfg.col_pipeline,
         PRECISION=L.precision,
         UPCAST=L.upcast,
         num_warps=cfg.col_warps,

@@ -176,4 +176,5 @@ def test_import_without_triton():
         "assert st.col_sum.shape == (1, 2, 5)\n"
         "assert 'triton' not in sys.modules or sys.modules['triton'] is None\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    # -P: never import the repo checkout's headhunt/ folder in place of the installed package.
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, timeout=120)

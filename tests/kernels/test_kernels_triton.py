@@ -67,12 +67,15 @@ def test_triton_matches_dense(case, oracle, poison):
     "config",
     [
         ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1),
-        ts.KernelConfig(16, 32, 1, 1, 32, 16, 1, 1),
+        ts.KernelConfig(16, 32, 1, 1, 32, 16, 1, 1, argmax_mode=2),
+        ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=3, row_pipeline=True),
+        ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, col_pipeline=True, row_pipeline=True),
     ],
-    ids=["rowM32-colM32", "rowN32-colN32"],
+    ids=["rowM32-colM32", "rowN32-colN32-argmax2", "argmax3-rowpipe", "pipelines"],
 )
 def test_triton_tile_shapes(config, oracle, poison):
-    # Unequal tiles move the diagonal inside the tiles and change which tiles are masked.
+    # Unequal tiles move the diagonal inside the tiles and change which tiles are masked;
+    # the argmax modes and software-pipelined loops must give identical statistics.
     q, k = _inputs(1, 3, 1, 45, 70, 16, torch.float32)
     for causal in (True, False):
         st = ts.attention_stats_triton(q, k, causal=causal, entropy=True, config=config)
@@ -85,13 +88,17 @@ def test_triton_optional_outputs_and_api(oracle, poison):
     oracle.check(st, oracle.dense(q, k), tol=1e-3, entropy=False, key_stats=False)
 
 
-def test_triton_ties_pick_lowest_index(poison):
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_triton_ties_pick_lowest_index(mode, poison):
     # Identical keys 3, 19 and 35 (in three different 16-key tiles) and at 7 (same tile
     # as 3): every query's maximum is an exact four-way tie.
     k = torch.randn(1, 1, 40, 16, device=DEVICE)
     k[0, 0, [7, 19, 35]] = k[0, 0, 3].clone()
     q = k[:, :, 3:4].repeat(1, 3, 20, 1) * 4.0
-    st = ts.attention_stats_triton(q, k, causal=False)
+    cfg = ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=mode, row_pipeline=mode == 3)
+    if CUDA:
+        cfg = ts.KernelConfig(argmax_mode=mode, row_pipeline=mode == 3)
+    st = ts.attention_stats_triton(q, k, causal=False, config=cfg)
     assert (st.argmax == 3).all()
 
 
