@@ -15,6 +15,7 @@ import sys
 
 from headhunt import __version__
 from headhunt.errors import HeadhuntError
+from headhunt.rundir import discard_unstarted_runs
 
 COMMANDS = [
     "retrieval",
@@ -57,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or bool(os.environ.get("HEADHUNT_DEBUG"))
+    try:
+        code = _run(args, debug)
+    except BaseException:
+        discard_unstarted_runs()
+        raise
+    if code:
+        discard_unstarted_runs()  # a failed run leaves no empty run folder behind
+    return code
+
+
+def _run(args: argparse.Namespace, debug: bool) -> int:
     try:
         return int(args.func(args) or 0)
     except HeadhuntError as e:

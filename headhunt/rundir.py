@@ -116,6 +116,7 @@ class RunDir:
                     f"{work} holds an unfinished run; pass --resume to continue it or --force to start over"
                 )
             shutil.rmtree(work)
+        created = not work.exists()
         try:
             work.mkdir(parents=True, exist_ok=True)
             probe = work / ".write-test"
@@ -130,7 +131,18 @@ class RunDir:
             _check_same(json.loads(state.read_text()), parameters, work)
         elif parameters is not None:
             write_json_atomic(state, parameters)
-        return cls(out=out, work=work, method=method, force=force)
+        run = cls(out=out, work=work, method=method, force=force)
+        if created:
+            _STARTED.append(run)
+        return run
+
+    def discard_if_empty(self) -> None:
+        """Remove a work folder this process created if no work was saved in it yet (a run that
+        failed on bad input leaves nothing behind)."""
+        if self.work == self.out or not self.work.is_dir():
+            return
+        if {p.name for p in self.work.iterdir()} <= {"parameters.json"}:
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def path(self, name: str) -> Path:
         """Where to write the file ``name`` of this run."""
@@ -190,6 +202,15 @@ class RunDir:
         else:
             os.replace(self.work, self.out)
         return self.out
+
+
+_STARTED: list[RunDir] = []
+
+
+def discard_unstarted_runs() -> None:
+    """Called by the CLI after an error: drop the empty work folders this process created."""
+    while _STARTED:
+        _STARTED.pop().discard_if_empty()
 
 
 def _check_same(old: Any, new: Any, where: Path) -> None:

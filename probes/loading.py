@@ -179,6 +179,11 @@ def _load_folder(folder: Path | str, *, local_only: bool = True, trust_remote_co
 
 def load_hf(spec: str, *, trust_remote_code: bool = False):
     """Load (model, tokenizer) for a spec, in float32 on the CPU; the caller moves it."""
+    from transformers.utils import logging as hf_logging
+
+    # Loading bars and notices would bury the one line a user needs when something is wrong.
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     kind, where = resolve_spec(spec)
     if kind == "gguf":
         return _load_gguf(Path(where))

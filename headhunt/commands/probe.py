@@ -53,6 +53,11 @@ def add_parser(sub) -> None:
         help="ngram: most frequent follower (class) or frequency of the actual next word (R^2)",
     )
     t.add_argument("--positions-per-text", type=int, default=8, help="ngram: rows per text")
+    t.add_argument(
+        "--words",
+        type=common.comma_list(str, "word"),
+        help="ngram: the alphabet (single-token words; default river,bread,lamp,...)",
+    )
     t.add_argument("--bins", type=int, default=5, help="needle: depth bins")
     t.add_argument(
         "--needles",
@@ -68,6 +73,10 @@ def add_parser(sub) -> None:
         help="needle: read the question's last token or the prompt's last token",
     )
     t.add_argument("--pairs", type=int, default=8, help="mqar: key-value pairs per text")
+    t.add_argument("--keys", type=common.comma_list(str, "word"), help="mqar: key words")
+    t.add_argument(
+        "--values", type=common.comma_list(str, "word"), help="mqar: value words (the classes)"
+    )
     c = p.add_argument_group("capture")
     c.add_argument("--layers", type=common.comma_list(int, "layer"), help="layers (default all)")
     c.add_argument("--heads", action="store_true", help="also probe every head's output")
@@ -118,6 +127,7 @@ def build_target(args: argparse.Namespace, tokenizer):
             n_texts=n,
             length=length,
             positions_per_text=args.positions_per_text,
+            words=args.words or targets.NGRAM_WORDS,
             seed=args.seed,
         )
     if args.target == "needle":
@@ -132,7 +142,14 @@ def build_target(args: argparse.Namespace, tokenizer):
             seed=args.seed,
         )
     if args.target == "mqar":
-        return targets.mqar_target(tokenizer, n_texts=n, n_pairs=args.pairs, seed=args.seed)
+        return targets.mqar_target(
+            tokenizer,
+            n_texts=n,
+            n_pairs=args.pairs,
+            keys=args.keys or targets.MQAR_KEYS,
+            values=args.values or targets.MQAR_VALUES,
+            seed=args.seed,
+        )
     common.require(args.data is not None, "--target jsonl needs --data FILE")
     return targets.jsonl_target(args.data, tokenizer, task=args.task)
 

@@ -1,0 +1,64 @@
+"""Model loading: registry, folders, GGUF checks, and the errors users see."""
+
+from __future__ import annotations
+
+import pytest
+
+from headhunt.errors import HeadhuntError
+from headhunt.probes.loading import check_gguf, resolve_spec
+
+
+def test_unknown_names_and_paths(tmp_path):
+    with pytest.raises(HeadhuntError, match="unknown model"):
+        resolve_spec("definitely-not-a-model")
+    with pytest.raises(HeadhuntError, match="no GGUF file"):
+        resolve_spec(str(tmp_path / "x.gguf"))
+    with pytest.raises(HeadhuntError, match="not a Hugging Face model folder"):
+        resolve_spec(str(tmp_path))
+    assert resolve_spec("someorg/some-model") == ("hub", "someorg/some-model")
+
+
+def test_gguf_checks(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + b"\0" * 64)
+    with pytest.raises(HeadhuntError, match="not a GGUF"):
+        check_gguf(bad)
+    truncated = tmp_path / "trunc.gguf"
+    truncated.write_bytes(b"GGUF" + b"\3\0\0\0" + b"\xff" * 20)
+    with pytest.raises(HeadhuntError, match="corrupt"):
+        check_gguf(truncated)
+    # A well-formed GGUF of an architecture transformers cannot read.
+    odd = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(odd), arch="notanarch")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(HeadhuntError, match="not supported"):
+        check_gguf(odd)
+
+
+def test_uncached_hub_id_is_refused(monkeypatch, tmp_path):
+    from headhunt.probes.hooked import load_model
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(HeadhuntError, match="local Hugging Face cache"):
+        load_model("someorg/not-cached-model")
+
+
+def test_local_folder_loads(tiny_folder):
+    from headhunt.probes.hooked import load_model
+
+    m = load_model(str(tiny_folder), device="cpu")
+    assert (m.n_layers, m.n_heads, m.n_kv_heads, m.group_size) == (2, 4, 2, 2)
+    assert m.kv_head(3) == 1
+    assert m.model.config._attn_implementation == "headhunt"
+
+
+@pytest.mark.slow
+def test_embedded_model(smol):
+    d = smol.describe()
+    assert (d["n_layers"], d["n_heads"], d["n_kv_heads"], d["head_dim"]) == (30, 9, 3, 64)
+    assert d["max_context"] == 8192
