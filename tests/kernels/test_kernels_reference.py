@@ -52,7 +52,7 @@ def test_custom_scale_and_no_optional_outputs(oracle):
 def test_ties_pick_lowest_index():
     # Keys 3, 7 and 11 are identical copies and the best match for every query, so
     # each row has an exact three-way tie; the answer must be the first copy.
-    k = torch.randn(1, 1, 16, 8)
+    k = torch.nn.functional.normalize(torch.randn(1, 1, 16, 8), dim=-1)  # unit norm
     k[0, 0, [7, 11]] = k[0, 0, 3].clone()
     q = k[:, :, 3:4].repeat(1, 3, 16, 1) * 4.0
     st = attention_stats(q, k, causal=False, backend="torch")

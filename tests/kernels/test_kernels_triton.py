@@ -92,7 +92,8 @@ def test_triton_optional_outputs_and_api(oracle, poison):
 def test_triton_ties_pick_lowest_index(mode, poison):
     # Identical keys 3, 19 and 35 (in three different 16-key tiles) and at 7 (same tile
     # as 3): every query's maximum is an exact four-way tie.
-    k = torch.randn(1, 1, 40, 16, device=DEVICE)
+    # Unit-norm keys: q = 4 k_3 scores 4 on the copies of k_3 and < 4 on every other key.
+    k = torch.nn.functional.normalize(torch.randn(1, 1, 40, 16, device=DEVICE), dim=-1)
     k[0, 0, [7, 19, 35]] = k[0, 0, 3].clone()
     q = k[:, :, 3:4].repeat(1, 3, 20, 1) * 4.0
     cfg = ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=mode, row_pipeline=mode == 3)
