@@ -55,10 +55,40 @@ class AttentionHook:
         return output
 
 
-def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+def base_kernel(module: torch.nn.Module):
+    """The attention function headhunt hands over to: the module's ``headhunt_base`` ("sdpa",
+    "eager", "flash_attention_2", ...). Eager attention is not in transformers' registry: it is
+    the ``eager_attention_forward`` of the model's own modeling file."""
+    import sys
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    base = ALL_ATTENTION_FUNCTIONS[getattr(module, "headhunt_base", "sdpa")]
+    name = getattr(module, "headhunt_base", "sdpa")
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _causal_mask(query: Tensor, key: Tensor) -> Tensor:
+    """Additive causal mask, bottom-right aligned: query i sits at position n_k - n_q + i."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    pos_q = torch.arange(n_k - n_q, n_k, device=query.device)[:, None]
+    allowed = torch.arange(n_k, device=query.device)[None, :] <= pos_q
+    return torch.zeros(n_q, n_k, dtype=query.dtype, device=query.device).masked_fill(
+        ~allowed, torch.finfo(query.dtype).min
+    )
+
+
+def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+    base = base_kernel(module)
+    if (
+        attention_mask is None
+        and query.shape[2] > 1
+        and getattr(module, "headhunt_base", "") == "eager"
+    ):
+        # transformers builds masks by implementation name and, for ours, leaves causality to
+        # SDPA's is_causal flag; eager attention needs the mask spelled out.
+        attention_mask = _causal_mask(query, key)
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
     if not hooks:
         return base(module, query, key, value, attention_mask, **kwargs)

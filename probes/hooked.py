@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from headhunt.probes import attention
-from headhunt.probes.attention import AttentionHook
 from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.probes import attention
+from headhunt.probes.attention import AttentionHook
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -81,7 +81,7 @@ class HookedModel:
             )
         for i, m in enumerate(self.modules):
             m.headhunt_layer = i
-            m.headhunt_base = base if base in ("sdpa", "eager") else "sdpa"
+            m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
             m.headhunt_hooks = []
         self.model.eval()
 
