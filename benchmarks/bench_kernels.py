@@ -148,24 +148,24 @@ def _sink_inputs(hq: int, hkv: int, n: int, d: int) -> tuple[torch.Tensor, torch
 # (row BM, BN, warps, stages, argmax mode, pipelined) for pass 1 and
 # (col BN, BM, warps, stages, pipelined) for pass 2.
 ROW_VARIANTS = [
-    (128, 64, 4, 3, 1, False),
-    (128, 64, 4, 3, 2, False),
-    (128, 64, 4, 3, 3, False),
-    (128, 64, 4, 3, 1, True),
-    (128, 64, 4, 3, 3, True),
-    (128, 64, 8, 3, 3, False),
     (64, 64, 4, 3, 3, False),
-    (256, 64, 8, 2, 3, False),
-    (128, 128, 8, 3, 3, False),
+    (128, 64, 4, 3, 1, True),
+    (128, 64, 4, 3, 2, True),
+    (64, 64, 4, 3, 2, True),
+    (64, 64, 4, 3, 1, True),
+    (128, 64, 4, 3, 3, False),
+    (64, 64, 4, 4, 3, False),
+    (64, 32, 4, 3, 3, False),
+    (128, 64, 4, 4, 2, True),
 ]
 COL_VARIANTS = [
-    (128, 64, 4, 3, False),
     (64, 128, 4, 3, False),
-    (128, 64, 4, 3, True),
-    (64, 128, 4, 3, True),
-    (128, 64, 8, 3, True),
-    (64, 64, 4, 3, True),
-    (128, 128, 8, 3, True),
+    (128, 64, 4, 3, False),
+    (64, 128, 4, 2, False),
+    (64, 128, 4, 4, False),
+    (64, 128, 8, 3, False),
+    (128, 128, 8, 2, False),
+    (64, 64, 4, 3, False),
 ]
 
 
@@ -194,6 +194,7 @@ def _sweep(layout: str, n: int, rep_ms: int) -> dict:
     lse = torch.empty(shape, device="cuda")
     mx, arg = torch.empty_like(lse), torch.empty(shape, device="cuda", dtype=torch.int64)
     col = torch.empty(1, hq, n, device="cuda")
+    col_mean = torch.empty_like(col)
     fl = _qk_flops(hq, n, d)
     out: dict = {"layout": layout, "n": n, "row": [], "col": []}
 
@@ -238,14 +239,14 @@ def _sweep(layout: str, n: int, rep_ms: int) -> dict:
         except Exception as e:
             res["check"] = f"error: {type(e).__name__}: {str(e)[:160]}"
         L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
-        timed(res, "col", lambda L=L: ts._launch_col(L, lse, col))
+        timed(res, "col", lambda L=L: ts._launch_col(L, lse, col, col_mean))
         out["col"].append(res)
         print(json.dumps(res), flush=True)
     return out
 
 
 def _best(sweep: dict):
-    """Fastest row and column variants that passed their check (random data)."""
+    """Fastest row and column variants that passed their correctness check."""
 
     rows = [
         r
@@ -259,7 +260,9 @@ def _best(sweep: dict):
         for r in sweep["col"]
         if isinstance(r.get("col_ms"), float) and r.get("err_col_sum", 1) < 1e-3
     ]
-    row = min(rows, key=lambda r: r["row_ms"])["row_variant"]
+    # Rows: mean of random data and the attention-sink pattern (real attention has sinks,
+    # which makes the skip-when-no-row-improves argmax cheaper).
+    row = min(rows, key=lambda r: r["row_ms"] + r.get("row_sink_ms", r["row_ms"]))["row_variant"]
     col = min(cols, key=lambda r: r["col_ms"])["col_variant"]
     return _config(row, col)
 
@@ -321,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import triton
+
     from headhunt.kernels.triton_stats import default_config
 
     result: dict = {

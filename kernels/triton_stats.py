@@ -10,8 +10,8 @@ Two passes, nothing quadratic written to memory:
 2. ``_col_stats_kernel`` is key-stationary: each program owns ``BLOCK_N`` keys of one
    query head and streams the query tiles that can see them, recomputing
    ``p = exp(s - lse)`` and summing it per key into registers; it writes ``col_sum``
-   (``O(nk)`` per head). The per-key count of visible queries is analytic (see
-   :func:`headhunt.kernels.visible_query_count`), so ``col_mean`` needs no counting.
+   (``O(nk)`` per head) and ``col_mean``: the per-key count of visible queries is
+   analytic (see :func:`headhunt.kernels.visible_query_count`), so nothing is counted.
 
 Scores are handled in log2 units (``s2 = s * log2 e``) so the kernels use ``exp2``;
 results are converted back to natural units before they are stored.
@@ -32,7 +32,6 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
-from .reference import visible_query_count
 from .types import AttentionStats
 
 __all__ = ["KernelConfig", "attention_stats_triton", "default_config"]
@@ -97,9 +96,13 @@ def default_config(head_dim: int) -> KernelConfig:
     """
     if _interpreting():
         return KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
+    # Fastest variants of a sweep on an H200 at n = 16k, causal, bf16 (see BENCHMARKS.md
+    # and benchmarks/bench_kernels.py --sweep). d <= 64 (9q/3kv): 64-row tiles with the
+    # skip-when-no-row-improves argmax; d = 128 (32q/8kv): 128-row tiles, fused argmax,
+    # software-pipelined key loop. The column pass keeps 4 warps and 3 stages.
     if head_dim <= 64:
-        return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3)
-    return KernelConfig(128, 64, 8, 2, 128, 64, 8, 2)
+        return KernelConfig(64, 64, 4, 3, 64, 128, 4, 3, argmax_mode=3)
+    return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3, argmax_mode=1, row_pipeline=True)
 
 
 @triton.jit
@@ -336,6 +339,7 @@ def _col_stats_kernel(
     K,
     LSE,
     COL,
+    COL_MEAN,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -457,7 +461,16 @@ def _col_stats_kernel(
             p = tl.math.exp2(st * qk_scale - lse2[None, :])
             acc += tl.sum(p, axis=1)
 
-    tl.store(COL + pid_bh * nk + offs_n, acc, mask=offs_n < nk)
+    out = pid_bh * nk + offs_n
+    tl.store(COL + out, acc, mask=offs_n < nk)
+    # col_mean divides by the analytic count of queries that see key j (see
+    # visible_query_count); fused here to spare ~6 small torch kernels per call.
+    if CAUSAL:
+        count = nq - tl.minimum(tl.maximum(offs_n - q_offset, 0), nq)
+    else:
+        count = tl.full([BLOCK_N], nq, dtype=tl.int32)
+    mean = tl.where(count > 0, acc / tl.maximum(count, 1).to(tl.float32), 0.0)
+    tl.store(COL_MEAN + out, mean, mask=offs_n < nk)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -578,8 +591,8 @@ def _launch_row(
     )
 
 
-def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor) -> None:
-    """Pass 2: col_sum from q, k and the lse of pass 1."""
+def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> None:
+    """Pass 2: col_sum and col_mean from q, k and the lse of pass 1."""
     if L.nk == 0:
         return
     cfg = L.cfg
@@ -589,6 +602,7 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor) -> None:
         L.k,
         lse,
         col_sum,
+        col_mean,
         L.q.stride(0),
         L.q.stride(1),
         L.q.stride(2),
@@ -653,9 +667,8 @@ def attention_stats_triton(
     col_sum = col_mean = None
     if key_stats:
         col_sum = _alloc((L.b, L.hq, L.nk), torch.float32, dev)
-        _launch_col(L, lse, col_sum)
-        count = visible_query_count(L.nq, L.nk, causal=causal, q_offset=L.q_offset, device=dev)
-        col_mean = torch.where(count > 0, col_sum / count.clamp_min(1.0), 0.0)
+        col_mean = _alloc((L.b, L.hq, L.nk), torch.float32, dev)
+        _launch_col(L, lse, col_sum, col_mean)
 
     return AttentionStats(
         lse=lse, max_score=mx, argmax=arg, entropy=ent, col_sum=col_sum, col_mean=col_mean

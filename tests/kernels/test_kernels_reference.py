@@ -8,9 +8,10 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from headhunt.kernels import AttentionStats, attention_probs_at, attention_stats
 from headhunt.kernels.reference import attention_stats_torch, visible_query_count
-from torch.utils._python_dispatch import TorchDispatchMode
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
