@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
-from headhunt.probes.attention import AttentionCall, AttentionHook
-from headhunt.probes.hooked import HookedModel
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.hooked import HookedModel
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from headhunt.errors import HeadhuntError
 from headhunt.heads.act import (
     ActConfig,
     act_calibration,
@@ -12,8 +14,6 @@ from headhunt.heads.act import (
     parse_heads,
 )
 from headhunt.probes.attention import AttentionHook
-
-from headhunt.errors import HeadhuntError
 
 
 class Recorder(AttentionHook):

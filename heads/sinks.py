@@ -1,0 +1,408 @@
+"""Attention sinks: first-token sinks, hidden sinks, Sink_eps and massive activations.
+
+Every number comes from :func:`headhunt.probes.capture.capture_attention_stats` (the
+``headhunt.kernels`` column statistics, computed inside the forward, layer by layer), never
+from an N x N attention matrix, so a text can be as long as the model's context.
+
+Definitions (per text, per layer and query head):
+
+- ``s_j`` (importance of key j): the mean attention key j receives from the queries that can
+  see it, ``sum_i A[i, j] / (N - j)`` (ACT / Gu et al.; the kernels' ``col_mean``).
+- sink: a key with ``s_j > tau`` (default 0.1) **and** seen by at least ``min_queries`` queries
+  (default 32). The second condition is ours: with the ``N - j`` normalisation the last few
+  keys, seen by a handful of queries, pass ``tau`` in most heads just because a row's recent
+  tokens take a share of its attention; on the embedded model that made every text's last
+  words look like sinks (shared/ANCHORS.md). Requiring 32 queries keeps a key from being
+  called a sink unless its share is sustained; it also means keys in the last 31 positions
+  of a text are never judged.
+- first-token sink mass: ``s_0``, the mean attention the first token (BOS) receives.
+- hidden sinks: sinks at positions >= 1. Hidden-sink mass: the attention on a head's hidden
+  sinks, averaged over all of the text's queries (``sum_{j in hidden} col_sum_j / N``).
+- Sink_eps (Gu et al.): the share of (text, head) pairs of a layer whose ``s_0`` exceeds eps
+  (0.3), measured on the text's first T = 64 tokens as in their setup.
+- massive activations (Sun et al.): per layer, the largest |hidden state value| of the
+  layer's output over the text, divided by the median |value|.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.scores import HeadScores
+from headhunt.probes.capture import capture_attention_stats
+from headhunt.probes.hooked import HookedModel
+
+
+@dataclass
+class SinkConfig:
+    """Settings of the sink analysis.
+
+    Attributes:
+        tau: a key is a sink of a head when its ``s_j`` exceeds this (ACT's 0.1).
+        min_queries: a key must be seen by at least this many queries to be judged.
+        eps: the Sink_eps threshold on ``s_0`` (Gu et al.'s 0.3).
+        eps_tokens: prefix length T on which Sink_eps is measured (Gu et al.'s 64).
+        massive_top: how many top |activations| to keep per layer.
+    """
+
+    tau: float = 0.1
+    min_queries: int = 32
+    eps: float = 0.3
+    eps_tokens: int = 64
+    massive_top: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.tau < 1.0:
+            raise HeadhuntError(f"tau must be in (0, 1), got {self.tau}")
+        if not 0.0 < self.eps < 1.0:
+            raise HeadhuntError(f"eps must be in (0, 1), got {self.eps}")
+        if self.min_queries < 1 or self.eps_tokens < 2 or self.massive_top < 1:
+            raise HeadhuntError("min_queries, massive_top must be >= 1 and eps_tokens >= 2")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SinkConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class TextSinks:
+    """What one text shows; also the resumable record of a run (``to_dict``/``from_dict``).
+
+    Attributes:
+        text: index of the text.
+        token_ids: the text's tokens.
+        s0: [layers][heads] first-token sink mass ``s_0`` over the whole text.
+        s0_prefix: [layers][heads] ``s_0`` on the first ``eps_tokens`` tokens.
+        hidden_count: [layers][heads] number of hidden sinks.
+        hidden_mass: [layers][heads] attention on hidden sinks, averaged over all queries.
+        sinks: hidden sinks as ``[layer, head, position, s_j]`` rows.
+        massive: per layer ``[top |value| ..., median |value|, top position, top channel]``.
+    """
+
+    text: int
+    token_ids: list[int]
+    s0: list[list[float]]
+    s0_prefix: list[list[float]]
+    hidden_count: list[list[int]]
+    hidden_mass: list[list[float]]
+    sinks: list[list[float]] = field(default_factory=list)
+    massive: list[list[float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TextSinks:
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass
+class SinkResult:
+    """The sink analysis of a set of texts.
+
+    Attributes:
+        scores: per-head metrics ``first_sink_mass`` (mean ``s_0``), ``first_sink_mass_T``
+            (mean ``s_0`` on the T-token prefixes), ``hidden_sink_count`` (mean number of
+            hidden sinks per text), ``hidden_sink_mass`` (mean attention on hidden sinks), and
+            per-layer metrics (``head`` empty) ``sink_eps`` and ``massive_ratio``.
+        sinks: one row per hidden sink: text, layer, head, kv_head, position, token, s,
+            queries (how many queries see it).
+        tokens: which tokens become hidden sinks: per token string, ``sink_calls`` (head x
+            position events), ``positions`` (distinct text positions that are a sink in at
+            least one head), ``occurrences`` (positions holding that token that could be
+            judged), ``rate`` = positions / occurrences and ``heads`` (distinct heads).
+        layers: per layer: Sink_eps, top |activation|, median, ratio, its position/channel.
+        summary: headline numbers (see :func:`summarize`).
+    """
+
+    scores: HeadScores
+    sinks: pd.DataFrame
+    tokens: pd.DataFrame
+    layers: pd.DataFrame
+    summary: dict[str, Any]
+
+
+class _MassiveActivations:
+    """Forward hooks on the decoder layers keeping top |value| and median |value| per layer."""
+
+    def __init__(self, model: HookedModel, top: int):
+        self.layers = _decoder_layers(model)
+        self.top = top
+        self.rows: list[list[float]] = [[] for _ in self.layers]
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _MassiveActivations:
+        for i, layer in enumerate(self.layers):
+            self.handles.append(layer.register_forward_hook(self._hook(i)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _hook(self, i: int) -> Callable:
+        def hook(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            a = h.detach()[0].abs().float()  # [n, d_model]
+            vals, idx = a.flatten().topk(min(self.top, a.numel()))
+            pos, chan = divmod(int(idx[0]), a.shape[1])
+            self.rows[i] = [*vals.tolist(), float(a.median()), float(pos), float(chan)]
+
+        return hook
+
+
+def _decoder_layers(model: HookedModel) -> list[torch.nn.Module]:
+    """The decoder blocks, in order: the ModuleList that holds one attention module per item."""
+    for mod in model.model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == model.n_layers:
+            owners = [
+                any(m is a for m in block.modules())
+                for block, a in zip(mod, model.modules, strict=False)
+            ]
+            if all(owners):
+                return list(mod)
+    raise HeadhuntError("cannot find the model's decoder layers (for massive activations)")
+
+
+def analyze_text(
+    model: HookedModel,
+    ids: Int[Tensor, " n"],
+    config: SinkConfig | None = None,
+    index: int = 0,
+) -> TextSinks:
+    """Sinks of one text: one statistics forward over the text, one over its T-prefix."""
+    cfg = config or SinkConfig()
+    ids = ids.reshape(-1)
+    n = int(ids.numel())
+    if n < 2:
+        raise HeadhuntError(f"text {index} has {n} token(s); need at least 2")
+    if n > model.max_context:
+        raise HeadhuntError(
+            f"text {index} has {n} tokens, more than the model's context ({model.max_context})"
+        )
+    massive = _MassiveActivations(model, cfg.massive_top)
+    with massive:
+        stats = capture_attention_stats(model, ids[None], key_stats=True)
+    count = torch.arange(n, 0, -1, dtype=torch.float32)  # queries that see key j: n - j
+    judged = count >= cfg.min_queries
+    s0, hidden_count, hidden_mass, sinks = [], [], [], []
+    for layer in range(model.n_layers):
+        st = stats[layer]
+        col_mean = st.col_mean[0].float().cpu()  # [heads, n]
+        col_sum = st.col_sum[0].float().cpu()
+        is_sink = (col_mean > cfg.tau) & judged
+        is_sink[:, 0] = False  # hidden sinks only; the first token is reported as s_0
+        s0.append(col_mean[:, 0].tolist())
+        hidden_count.append(is_sink.sum(-1).tolist())
+        hidden_mass.append((torch.where(is_sink, col_sum, 0.0).sum(-1) / n).tolist())
+        for head, pos in is_sink.nonzero().tolist():
+            sinks.append([layer, head, pos, float(col_mean[head, pos])])
+    del stats
+    t = min(cfg.eps_tokens, n)
+    prefix = capture_attention_stats(model, ids[None, :t], key_stats=True)
+    s0_prefix = [prefix[layer].col_mean[0, :, 0].float().cpu().tolist() for layer in prefix]
+    return TextSinks(
+        text=index,
+        token_ids=ids.tolist(),
+        s0=s0,
+        s0_prefix=s0_prefix,
+        hidden_count=hidden_count,
+        hidden_mass=hidden_mass,
+        sinks=sinks,
+        massive=massive.rows,
+    )
+
+
+def summarize(
+    texts: Sequence[TextSinks],
+    model: HookedModel,
+    config: SinkConfig | None = None,
+) -> SinkResult:
+    """Aggregate per-text findings into the scores table, sink and token tables, summary."""
+    cfg = config or SinkConfig()
+    if not texts:
+        raise HeadhuntError("no texts to summarise")
+    n_layers, _n_heads, n_kv = model.n_layers, model.n_heads, model.n_kv_heads
+    s0 = np.array([t.s0 for t in texts])  # [texts, layers, heads]
+    s0p = np.array([t.s0_prefix for t in texts])
+    count = np.array([t.hidden_count for t in texts], dtype=float)
+    mass = np.array([t.hidden_mass for t in texts])
+    massive = np.array([t.massive for t in texts])  # [texts, layers, top + 3]
+    k = cfg.massive_top
+    ratio = massive[:, :, 0] / np.maximum(massive[:, :, k], 1e-12)
+    sink_eps = (s0p > cfg.eps).mean(axis=(0, 2))  # per layer
+    per_head = [
+        HeadScores.from_matrix("first_sink_mass", s0.mean(0), n_kv_heads=n_kv),
+        HeadScores.from_matrix(f"first_sink_mass_T{cfg.eps_tokens}", s0p.mean(0), n_kv_heads=n_kv),
+        HeadScores.from_matrix("hidden_sink_count", count.mean(0), n_kv_heads=n_kv),
+        HeadScores.from_matrix("hidden_sink_mass", mass.mean(0), n_kv_heads=n_kv),
+    ]
+    per_layer = pd.DataFrame(
+        {
+            "layer": np.tile(np.arange(n_layers), 2),
+            "head": pd.array([pd.NA] * 2 * n_layers, dtype="Int64"),
+            "kv_head": pd.array([pd.NA] * 2 * n_layers, dtype="Int64"),
+            "metric": ["sink_eps"] * n_layers + ["massive_ratio"] * n_layers,
+            "value": np.concatenate([sink_eps, ratio.mean(0)]),
+        }
+    )
+    scores = HeadScores.concat([*per_head, HeadScores(per_layer)])
+    scores.df["head"] = scores.df["head"].astype("Int64")
+    scores.df["kv_head"] = scores.df["kv_head"].astype("Int64")
+
+    decode = _token_decoder(model.tokenizer)
+    sink_rows = []
+    for t in texts:
+        n = len(t.token_ids)
+        for layer, head, pos, s in t.sinks:
+            layer, head, pos = int(layer), int(head), int(pos)
+            sink_rows.append(
+                {
+                    "text": t.text,
+                    "layer": layer,
+                    "head": head,
+                    "kv_head": head // model.group_size,
+                    "position": pos,
+                    "token": decode(t.token_ids[pos]),
+                    "s": float(s),
+                    "queries": n - pos,
+                }
+            )
+    sinks = pd.DataFrame(
+        sink_rows,
+        columns=["text", "layer", "head", "kv_head", "position", "token", "s", "queries"],
+    )
+    tokens = _token_summary(texts, sinks, decode, cfg)
+    top = massive[:, :, :k].mean(0)
+    layers = pd.DataFrame(
+        {
+            "layer": np.arange(n_layers),
+            "sink_eps": sink_eps,
+            "massive_top1": top[:, 0],
+            "massive_median": massive[:, :, k].mean(0),
+            "massive_ratio": ratio.mean(0),
+            # Where the largest value sits, in the first text (positions differ per text).
+            "massive_position": massive[0, :, k + 1].astype(int),
+            "massive_channel": massive[0, :, k + 2].astype(int),
+        }
+    )
+    first_pos = sinks.groupby(["text", "position"]).size() if len(sinks) else pd.Series()
+    summary = {
+        "texts": len(texts),
+        "tokens_per_text": [len(t.token_ids) for t in texts],
+        "first_sink_mean_s0": float(s0.mean()),
+        "first_sink_share_of_heads": float((s0 > cfg.tau).mean()),
+        "sink_eps_overall": float((s0p > cfg.eps).mean()),
+        "heads_with_hidden_sinks": float((count > 0).mean()),
+        "hidden_sinks_per_head": float(count.mean()),
+        "hidden_sink_positions": len(first_pos),
+        "top_hidden_sink_tokens": tokens.head(10)[["token", "sink_calls", "rate"]].to_dict(
+            "records"
+        ),
+        "massive_ratio_max": float(ratio.mean(0).max()),
+        "massive_ratio_max_layer": int(ratio.mean(0).argmax()),
+    }
+    return SinkResult(scores=scores, sinks=sinks, tokens=tokens, layers=layers, summary=summary)
+
+
+def _token_decoder(tokenizer) -> Callable[[int], str]:
+    cache: dict[int, str] = {}
+
+    def decode(i: int) -> str:
+        if i not in cache:
+            cache[i] = tokenizer.decode([int(i)])
+        return cache[i]
+
+    return decode
+
+
+def _token_summary(
+    texts: Sequence[TextSinks], sinks: pd.DataFrame, decode: Callable[[int], str], cfg: SinkConfig
+) -> pd.DataFrame:
+    occurrences: dict[str, int] = {}
+    for t in texts:
+        n = len(t.token_ids)
+        for pos in range(1, max(1, n - cfg.min_queries + 1)):  # positions that can be judged
+            tok = decode(t.token_ids[pos])
+            occurrences[tok] = occurrences.get(tok, 0) + 1
+    cols = ["token", "sink_calls", "positions", "occurrences", "rate", "heads"]
+    if sinks.empty:
+        return pd.DataFrame(columns=cols)
+    g = sinks.groupby("token")
+    df = pd.DataFrame(
+        {
+            "sink_calls": g.size(),
+            "positions": g.apply(
+                lambda d: len(set(zip(d["text"], d["position"], strict=False))), **_GA
+            ),
+            "heads": g.apply(lambda d: len(set(zip(d["layer"], d["head"], strict=False))), **_GA),
+        }
+    ).reset_index()
+    df["occurrences"] = df["token"].map(occurrences).fillna(0).astype(int)
+    df["rate"] = df["positions"] / df["occurrences"].clip(lower=1)
+    return df.sort_values(["sink_calls", "token"], ascending=[False, True])[cols].reset_index(
+        drop=True
+    )
+
+
+_GA: dict[str, Any] = {"include_groups": False}
+
+
+def plot(result: SinkResult, title: str = "Attention sinks"):
+    """A plotly figure: s_0 and hidden-sink heatmaps, top sink tokens, massive ratios."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=(
+            "first-token sink mass s_0 (layer x head)",
+            "hidden-sink mass (layer x head)",
+            "tokens that become hidden sinks (head x position events)",
+            "massive activations: top |value| / median, per layer",
+        ),
+    )
+    for col, metric in ((1, "first_sink_mass"), (2, "hidden_sink_mass")):
+        fig.add_trace(
+            go.Heatmap(
+                z=result.scores.matrix(metric),
+                colorscale="Viridis",
+                showscale=col == 2,
+                hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(title_text="head", row=1, col=col)
+        fig.update_yaxes(title_text="layer", row=1, col=col)
+    top = result.tokens.head(20)
+    fig.add_trace(
+        go.Bar(x=[repr(t) for t in top["token"]], y=top["sink_calls"], name="sink calls"),
+        row=2,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=result.layers["layer"], y=result.layers["massive_ratio"], mode="lines+markers"
+        ),
+        row=2,
+        col=2,
+    )
+    fig.update_yaxes(type="log", row=2, col=2)
+    fig.update_layout(height=900, width=1200, showlegend=False, title=title)
+    return fig
