@@ -96,13 +96,13 @@ def default_config(head_dim: int) -> KernelConfig:
     """
     if _interpreting():
         return KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
-    # Fastest variants of a sweep on an H200 at n = 16k, causal, bf16 (see BENCHMARKS.md
-    # and benchmarks/bench_kernels.py --sweep). d <= 64 (9q/3kv): 64-row tiles with the
-    # skip-when-no-row-improves argmax; d = 128 (32q/8kv): 128-row tiles, fused argmax,
-    # software-pipelined key loop. The column pass keeps 4 warps and 3 stages.
+    # Fastest variants of the sweep in benchmarks/bench_kernels.py --sweep on an H200 at
+    # n = 16k, causal, bf16 (pass 1 ranked on random + attention-sink data; BENCHMARKS.md).
+    # d <= 64 (9q/3kv): max-then-index argmax with a software-pipelined key loop, and
+    # 64-key column tiles; d = 128 (32q/8kv): skip-when-no-row-improves argmax.
     if head_dim <= 64:
-        return KernelConfig(64, 64, 4, 3, 64, 128, 4, 3, argmax_mode=3)
-    return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3, argmax_mode=1, row_pipeline=True)
+        return KernelConfig(128, 64, 4, 3, 64, 128, 4, 3, argmax_mode=2, row_pipeline=True)
+    return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3, argmax_mode=3)
 
 
 @triton.jit

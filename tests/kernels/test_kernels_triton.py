@@ -70,8 +70,9 @@ def test_triton_matches_dense(case, oracle, poison):
         ts.KernelConfig(16, 32, 1, 1, 32, 16, 1, 1, argmax_mode=2),
         ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=3, row_pipeline=True),
         ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, col_pipeline=True, row_pipeline=True),
+        ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, argmax_mode=2, row_pipeline=True),
     ],
-    ids=["rowM32-colM32", "rowN32-colN32-argmax2", "argmax3-rowpipe", "pipelines"],
+    ids=["rowM32-colM32", "rowN32-colN32-argmax2", "argmax3-rowpipe", "pipelines", "argmax2-pipe"],
 )
 def test_triton_tile_shapes(config, oracle, poison):
     # Unequal tiles move the diagonal inside the tiles and change which tiles are masked;
