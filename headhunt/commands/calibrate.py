@@ -132,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     t_load = time.perf_counter() - t0
     enc = C.encode_task(model, task)  # prompts longer than the context fail here
     fixed = read_heads(args.heads, model.n_layers, model.n_heads) if args.heads else None
+    layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]
+    require(fixed is not None or bool(layers), "every layer is excluded; nothing to calibrate")
     params = {
         **config.to_dict(),
         "model": args.model,
@@ -181,8 +183,6 @@ def run(args: argparse.Namespace) -> int:
     if fixed is not None:
         chosen = fixed
     else:
-        layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]
-        require(bool(layers), "every layer is excluded; nothing to calibrate")
         key = ("mass",)
         if key not in records:
             print("measuring movable sink mass on the calibration prompts ...")
