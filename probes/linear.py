@@ -25,6 +25,9 @@ Controls, fitted the same way on the same split:
   states know beyond the type (the token, the context...).
 
 - ``chance``: predicting the training split's majority class (accuracy) or mean (R^2).
+
+The controls reuse the regularisation cross-validated for the task: Hewitt & Liang compare a
+task and its control at equal probe complexity (and it saves two thirds of the fitting time).
 """
 
 from __future__ import annotations
@@ -183,7 +186,8 @@ class Prober:
             }
             for name in CONTROLS:
                 if name in cfg.controls:
-                    metrics[name] = _fit(x, self.controls[name], self.groups, self.train, cfg).test
+                    y = self.controls[name]
+                    metrics[name] = _fit(x, y, self.groups, self.train, cfg, c=main.c).test
             if "control" in metrics:
                 metrics["selectivity"] = metrics[cfg.score_name] - metrics["control"]
         return ProbeResult(layer, head, metrics, main.weights)
@@ -283,12 +287,27 @@ def _standardise(x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _fit(
-    x: np.ndarray, y: np.ndarray, groups: np.ndarray, train: np.ndarray, cfg: ProbeConfig
+    x: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    train: np.ndarray,
+    cfg: ProbeConfig,
+    c: float | None = None,
 ) -> _Fit:
+    """Fit on the training rows and score on the rest; ``c`` fixes the regularisation,
+    else it is cross-validated over groups of training texts."""
+    tr = np.flatnonzero(train)
+    best = _cross_validate(x, y, groups, tr, cfg) if c is None else c
+    return _fit_rest(x, y, train, tr, cfg, best)
+
+
+def _cross_validate(
+    x: np.ndarray, y: np.ndarray, groups: np.ndarray, tr: np.ndarray, cfg: ProbeConfig
+) -> float:
+    """The grid value with the best mean validation score over folds of training texts."""
     from sklearn.model_selection import GroupKFold
 
     grid = sorted(cfg.grid)  # weakest last, so warm starts follow the path
-    tr = np.flatnonzero(train)
     cv = np.zeros(len(grid))
     folds = GroupKFold(cfg.folds).split(tr, groups=groups[tr])
     for fit_rows, val_rows in folds:
@@ -305,7 +324,12 @@ def _fit(
             est.fit(xa, y[a])
             cv[i] += _score(est, xb, y[b], cfg.task)
     # Ties go to the strongest regularisation (the first maximum of an ascending grid).
-    best = grid[int(np.argmax(cv))]
+    return grid[int(np.argmax(cv))]
+
+
+def _fit_rest(
+    x: np.ndarray, y: np.ndarray, train: np.ndarray, tr: np.ndarray, cfg: ProbeConfig, best: float
+) -> _Fit:
     mean, scale = _standardise(x, tr)
     xs = (x - mean) / scale
     test = np.flatnonzero(~train)
@@ -315,7 +339,13 @@ def _fit(
             float((y[test] == const).mean()),
             1.0,
             best,
-            {"coef": np.zeros((1, x.shape[1]), np.float32), "intercept": np.zeros(1, np.float32)},
+            {
+                "coef": np.zeros((1, x.shape[1]), np.float32),
+                "intercept": np.zeros(1, np.float32),
+                "mean": mean,
+                "scale": scale,
+                "classes": np.asarray([const], np.int64),
+            },
         )
     est = _estimator(cfg.task, best, cfg.max_iter).fit(xs[tr], y[tr])
     coef = np.atleast_2d(est.coef_).astype(np.float32)
@@ -351,6 +381,7 @@ def to_scores(results: list[ProbeResult], n_heads_per_kv: int = 1):
     the columns stay integer in parquet; per-head probes have the head and its KV head.
     """
     import pandas as pd
+
     from headhunt.heads.scores import HeadScores
 
     recs = []

@@ -37,12 +37,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from headhunt.probes.attention import AttentionCall, AttentionHook
-from headhunt.probes.hooked import HookedModel
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.hooked import HookedModel
 from headhunt.rundir import write_json_atomic
 
 META = "meta.json"

@@ -185,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     common.require(all(c > 0 for c in config.grid), "--grid values must be positive")
-    linear.check_labels(labels, groups, config)
+    # The prober checks labels, controls and the split now, before any run folder exists.
+    prober = linear.Prober(labels, groups, types, config)
     cap = states.CaptureConfig(
         layers=args.layers,
         heads=args.heads,
@@ -212,7 +213,6 @@ def run(args: argparse.Namespace) -> int:
     t_capture = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    prober = linear.Prober(labels, groups, types, config)
     units = [(L, linear.RESIDUAL) for L in layers]
     if args.heads:
         units += [(L, h) for L in layers for h in range(model.n_heads)]
