@@ -14,10 +14,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
-from headhunt.probes.attention import AttentionCall, AttentionHook
-from headhunt.probes.hooked import HookedModel
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.hooked import HookedModel
 
 
 class QKCapture(AttentionHook):
