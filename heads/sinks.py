@@ -26,7 +26,8 @@ Definitions (per text, per layer and query head):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -178,6 +179,22 @@ def _decoder_layers(model: HookedModel) -> list[torch.nn.Module]:
     raise HeadhuntError("cannot find the model's decoder layers (for massive activations)")
 
 
+@contextlib.contextmanager
+def _last_position_logits(model: HookedModel) -> Iterator[None]:
+    """Feed only the last position to the LM head: the analysis never reads logits, and at
+    8k tokens the full [n, vocab] logits (1.6 GB for the embedded model) would dominate the
+    memory of the pass."""
+    head = model.model.get_output_embeddings()
+    if head is None:
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda mod, args: (args[0][:, -1:], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def analyze_text(
     model: HookedModel,
     ids: Int[Tensor, " n"],
@@ -195,7 +212,7 @@ def analyze_text(
             f"text {index} has {n} tokens, more than the model's context ({model.max_context})"
         )
     massive = _MassiveActivations(model, cfg.massive_top)
-    with massive:
+    with massive, _last_position_logits(model):
         stats = capture_attention_stats(model, ids[None], key_stats=True)
     count = torch.arange(n, 0, -1, dtype=torch.float32)  # queries that see key j: n - j
     judged = count >= cfg.min_queries
@@ -213,7 +230,8 @@ def analyze_text(
             sinks.append([layer, head, pos, float(col_mean[head, pos])])
     del stats
     t = min(cfg.eps_tokens, n)
-    prefix = capture_attention_stats(model, ids[None, :t], key_stats=True)
+    with _last_position_logits(model):
+        prefix = capture_attention_stats(model, ids[None, :t], key_stats=True)
     s0_prefix = [prefix[layer].col_mean[0, :, 0].float().cpu().tolist() for layer in prefix]
     return TextSinks(
         text=index,
@@ -300,7 +318,7 @@ def summarize(
             "massive_channel": massive[0, :, k + 2].astype(int),
         }
     )
-    first_pos = sinks.groupby(["text", "position"]).size() if len(sinks) else pd.Series()
+    positions = sinks.groupby(["text", "position"]).size() if len(sinks) else pd.Series()
     summary = {
         "texts": len(texts),
         "tokens_per_text": [len(t.token_ids) for t in texts],
@@ -309,7 +327,7 @@ def summarize(
         "sink_eps_overall": float((s0p > cfg.eps).mean()),
         "heads_with_hidden_sinks": float((count > 0).mean()),
         "hidden_sinks_per_head": float(count.mean()),
-        "hidden_sink_positions": len(first_pos),
+        "hidden_sink_positions": len(positions),
         "top_hidden_sink_tokens": tokens.head(10)[["token", "sink_calls", "rate"]].to_dict(
             "records"
         ),
@@ -328,6 +346,9 @@ def _token_decoder(tokenizer) -> Callable[[int], str]:
         return cache[i]
 
     return decode
+
+
+_GA: dict[str, Any] = {"include_groups": False}  # groupby.apply without the key columns
 
 
 def _token_summary(
@@ -357,9 +378,6 @@ def _token_summary(
     return df.sort_values(["sink_calls", "token"], ascending=[False, True])[cols].reset_index(
         drop=True
     )
-
-
-_GA: dict[str, Any] = {"include_groups": False}
 
 
 def plot(result: SinkResult, title: str = "Attention sinks"):
