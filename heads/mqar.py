@@ -163,6 +163,28 @@ def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
     )
 
 
+def insert_gap(probe: MQARProbe, gap: int, vocab_size: int, *, seed: int = 0) -> MQARProbe:
+    """Insert ``gap`` random tokens (of ``[0, vocab_size)``, like Zoology's filler) between the
+    pairs and the query region of abstract examples; positions are shifted to match."""
+    if gap < 0:
+        raise HeadhuntError(f"prefix gap must be >= 0, got {gap}")
+    if gap == 0:
+        return probe
+    ctx = int(probe.value_pos.max()) + 1
+    gen = torch.Generator().manual_seed(seed)
+    fill = torch.randint(vocab_size, (len(probe), gap), generator=gen)
+    pad = torch.full((len(probe), gap), -100, dtype=torch.long)
+    return MQARProbe(
+        ids=torch.cat([probe.ids[:, :ctx], fill, probe.ids[:, ctx:]], 1),
+        labels=torch.cat([probe.labels[:, :ctx], pad, probe.labels[:, ctx:]], 1),
+        key_pos=probe.key_pos,
+        value_pos=probe.value_pos,
+        query_pos=probe.query_pos + gap,
+        target=probe.target,
+        value_ids=probe.value_ids,
+    )
+
+
 @dataclass
 class WordPools:
     """Disjoint pools of single-token words (ids) for keys, values and filler."""

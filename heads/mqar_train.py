@@ -1,0 +1,224 @@
+"""A tiny attention-only transformer trained on MQAR on a CPU: planted ground truth for recall.
+
+The model is a Hugging Face Llama (RoPE, RMSNorm, no MLP: each layer's MLP is replaced by a
+module that returns zeros) wrapped as a :class:`~headhunt.probes.hooked.HookedModel`, so the
+same analyzers (n-gram scores, recall heads, masking) run on it unchanged. Trained on fresh
+Zoology MQAR batches (:func:`headhunt.heads.mqar.generate_mqar`) with the loss on the query
+positions only, a two-layer model learns the textbook mechanism: a previous-token head in
+layer 0 writes each key into its value's position, and an induction head in layer 1 finds, from
+a query key, the value that followed it and copies it.
+
+Saved as ``model.safetensors`` + ``config.json`` (a few hundred KB); :func:`load_mqar_model`
+reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.mqar import MQARSpec, generate_mqar
+from headhunt.probes.hooked import HookedModel
+
+
+@dataclass
+class MQARTrainConfig:
+    """Model and training options.
+
+    Attributes:
+        vocab_size, seq_len, n_pairs, power_a: the MQAR task (Zoology's generator).
+        d_model, n_layers, n_heads: the model (head_dim = d_model / n_heads, no GQA).
+        steps, batch_size, lr, weight_decay, warmup: AdamW with linear warmup, cosine decay.
+        seed: seeds the initialisation and the data.
+        target_accuracy: stop early once a held-out batch reaches it (checked every 100 steps).
+    """
+
+    vocab_size: int = 128
+    seq_len: int = 64
+    n_pairs: int = 8
+    power_a: float = 0.01
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    warmup: int = 100
+    seed: int = 0
+    target_accuracy: float = 0.99
+
+    def spec(self) -> MQARSpec:
+        return MQARSpec(
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            n_pairs=self.n_pairs,
+            power_a=self.power_a,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MQARTrainConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class NoMLP(nn.Module):
+    """Stands in for a layer's MLP: contributes nothing, so the model is attention-only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def mqar_tokenizer(vocab_size: int):
+    """A word-level tokenizer naming the MQAR ids: ``_`` (0, filler), ``k1..``, ``v..``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    half = vocab_size // 2
+    names = ["_"] + [f"k{i}" for i in range(1, half)] + [f"v{i}" for i in range(half, vocab_size)]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(names)}, unk_token="_"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # No BOS: Zoology's sequences have none. "_" doubles as unk, so it is the one special id.
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="_")
+
+
+def build_model(cfg: MQARTrainConfig):
+    """The untrained attention-only Llama (a Hugging Face model, not yet wrapped)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if cfg.d_model % cfg.n_heads:
+        raise HeadhuntError(f"d_model {cfg.d_model} is not a multiple of n_heads {cfg.n_heads}")
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=4,  # unused: the MLPs are replaced
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads,
+        max_position_embeddings=max(512, cfg.seq_len),
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(hf_cfg)
+    for layer in model.model.layers:
+        layer.mlp = NoMLP()
+    model.config.architectures = ["LlamaForCausalLM"]
+    return model
+
+
+def _accuracy(model, batch) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=batch.ids).logits
+    pred = logits.gather(1, batch.query_pos[..., None].expand(-1, -1, logits.shape[-1])).argmax(-1)
+    return float((pred == batch.target).float().mean())
+
+
+def train_mqar_model(
+    cfg: MQARTrainConfig | None = None, *, progress: bool = False
+) -> tuple[HookedModel, dict[str, Any]]:
+    """Train the model on fresh MQAR batches; returns it wrapped, and a training log
+    (steps run, seconds, final held-out accuracy, loss curve every 100 steps)."""
+    from tqdm.auto import tqdm
+
+    cfg = cfg or MQARTrainConfig()
+    spec = cfg.spec()
+    model = build_model(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.5 * (1 + torch.cos(torch.tensor(frac * torch.pi)).item())
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    held_out = generate_mqar(spec, 256, seed=10_000_000 + cfg.seed)
+    log: dict[str, Any] = {"loss": [], "accuracy": []}
+    t0 = time.perf_counter()
+    step = 0
+    bar = tqdm(total=cfg.steps, desc="train mqar", disable=not progress)
+    for step in range(1, cfg.steps + 1):
+        batch = generate_mqar(spec, cfg.batch_size, seed=cfg.seed * 1_000_003 + step)
+        logits = model(input_ids=batch.ids).logits
+        mask = batch.labels != -100
+        loss = nn.functional.cross_entropy(logits[mask], batch.labels[mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.update(1)
+        if step % 100 == 0:
+            model.eval()
+            acc = _accuracy(model, held_out)
+            model.train()
+            log["loss"].append(round(loss.item(), 4))
+            log["accuracy"].append(round(acc, 4))
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
+            if acc >= cfg.target_accuracy:
+                break
+    bar.close()
+    model.eval()
+    log.update(
+        steps=step,
+        seconds=round(time.perf_counter() - t0, 1),
+        accuracy=log["accuracy"],
+        final_accuracy=_accuracy(model, held_out),
+    )
+    return _wrap(model, cfg), log
+
+
+def _wrap(model, cfg: MQARTrainConfig) -> HookedModel:
+    return HookedModel(model=model, tokenizer=mqar_tokenizer(cfg.vocab_size), name="mqar-attn-only")
+
+
+def save_mqar_model(model: HookedModel, cfg: MQARTrainConfig, folder: str | Path, **info) -> Path:
+    """Write ``model.safetensors`` and ``config.json`` (the training config + ``info``)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(
+        json.dumps({"train": cfg.to_dict(), **info}, indent=2) + "\n"
+    )
+    return folder
+
+
+def load_mqar_model(folder: str | Path) -> tuple[HookedModel, MQARTrainConfig, dict[str, Any]]:
+    """Read a model written by :func:`save_mqar_model`.
+
+    Raises:
+        HeadhuntError: the folder lacks the files or they do not match the config.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "config.json").read_text())
+        state = load_file(str(folder / "model.safetensors"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise HeadhuntError(f"no trained MQAR model in {folder}: {e}") from None
+    cfg = MQARTrainConfig.from_dict(meta["train"])
+    model = build_model(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise HeadhuntError(f"{folder} does not match its config ({missing or unexpected})")
+    model.eval()
+    return _wrap(model, cfg), cfg, meta
