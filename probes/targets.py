@@ -18,9 +18,9 @@ Built-in targets:
   the question's last token; label = depth bin of the needle in the haystack. All rows share
   one token there, so the type is the prompt itself (the control then gives each prompt a
   random label).
-- :func:`mqar_target`: multi-query associative recall (Zoology) with words: ``k1 v1 .. kN vN``
-  then every key queried once, ``kq vq``; at each query key, label = the value bound to it in
-  this text. Type = the key word.
+- :func:`mqar_target`: multi-query associative recall (Zoology's generator and rendering from
+  :mod:`headhunt.heads.mqar`, ``key: value,`` lists by default); at each query position, label
+  = the value bound to the queried key in this text. Type = the key word.
 - :func:`jsonl_target`: the user's JSONL of ``{"text", "position" | "substring", "label"}``.
   Type = the token at the position.
 """
@@ -43,33 +43,9 @@ Task = Literal["classification", "regression"]
 
 # Single tokens (with a leading space) in common BPE vocabularies; checked per tokenizer.
 NGRAM_WORDS = ["river", "bread", "lamp", "garden", "stone", "cloud", "horse", "apple"]
-MQAR_KEYS = [
-    "river",
-    "bread",
-    "lamp",
-    "garden",
-    "gate",
-    "city",
-    "park",
-    "stone",
-    "cloud",
-    "horse",
-    "apple",
-    "table",
-    "window",
-    "chair",
-    "door",
-    "forest",
-    "mountain",
-    "tiger",
-    "piano",
-    "coffee",
-    "paper",
-    "ship",
-    "bridge",
-    "key",
-]
+MQAR_KEYS = ["river", "bread", "lamp", "garden", "gate", "city", "park"]
 MQAR_VALUES = ["red", "blue", "green", "yellow", "black", "white", "pink", "brown"]
+MQAR_FILLER = ["the", "of", "and", "to", "in", "is", "was", "it", "for", "on", "that", "with"]
 
 
 @dataclass
@@ -409,61 +385,78 @@ def mqar_target(
     tokenizer,
     *,
     n_texts: int = 300,
-    n_pairs: int = 8,
+    n_pairs: int = 6,
+    seq_len: int = 48,
+    layout: Literal["kv", "zoology"] = "kv",
     keys: Sequence[str] = MQAR_KEYS,
     values: Sequence[str] = MQAR_VALUES,
+    filler: Sequence[str] = MQAR_FILLER,
     seed: int = 0,
 ) -> ProbeTarget:
-    """Multi-query associative recall with word tokens, read at every query key.
+    """MQAR examples from :mod:`headhunt.heads.mqar` (Zoology's generator, rendered into
+    words), read at every query position; label = the value bound to the queried key.
 
-    A text is ``k1 v1 .. kN vN`` (N distinct keys, values drawn with replacement) followed by
-    every key once in random order, each followed by its value, as in Zoology's training
-    sequences; the query region here has no filler between queries (a minimal local generator:
-    no ``heads/mqar.py`` existed when this was written).
+    The abstract vocabulary is ``2 * len(values)``: ``len(values) - 1`` keys (the first key
+    words) and ``len(values)`` values; each text draws ``n_pairs`` distinct keys and values.
+    In the ``kv`` layout (``key: value,`` units) the query position is the colon after the
+    queried key, where the value is predicted; in ``zoology`` it is the bare key.
 
     Args:
-        tokenizer: the model's tokenizer (each word one token).
+        tokenizer: the model's tokenizer (every word one token; ``:`` and ``,`` too for kv).
         n_texts: number of texts.
         n_pairs: key-value pairs per text (rows per text).
-        keys: key words.
-        values: value words (the classes).
+        seq_len: Zoology's abstract sequence length L (>= 4 * n_pairs).
+        layout: ``kv`` or ``zoology`` (see :func:`headhunt.heads.mqar.render_mqar`).
+        keys, values, filler: word pools (disjoint).
         seed: random seed.
     """
-    if not 1 <= n_pairs <= len(keys):
-        raise HeadhuntError(f"n_pairs must be in 1..{len(keys)} (the number of key words)")
-    if len(values) < 2:
-        raise HeadhuntError("need at least 2 value words")
-    if set(keys) & set(values):
-        raise HeadhuntError("key and value words must differ")
-    kid, vid = word_ids(tokenizer, keys), word_ids(tokenizer, values)
+    from headhunt.heads.mqar import MQARSpec, WordPools, render_mqar
+
+    if len(values) < 2 or len(keys) < len(values) - 1:
+        raise HeadhuntError(f"need at least 2 values and {len(values) - 1} key words")
+    if set(keys) & set(values) or set(filler) & (set(keys) | set(values)) or not filler:
+        raise HeadhuntError("key, value and filler words must be disjoint (and filler non-empty)")
+    n_keys = len(values) - 1
+    if not 1 <= n_pairs <= n_keys:
+        raise HeadhuntError(f"n_pairs must be in 1..{n_keys} (one less than the value words)")
+    pools = WordPools(
+        keys=word_ids(tokenizer, keys[:n_keys]),
+        values=word_ids(tokenizer, values),
+        filler=word_ids(tokenizer, filler),
+    )
     bos = _bos(tokenizer)
-    rng = np.random.default_rng(seed)
+    probe = render_mqar(
+        MQARSpec(seq_len=seq_len, n_pairs=n_pairs),
+        pools,
+        n_texts,
+        tokenizer=tokenizer,
+        layout=layout,
+        bos_id=bos[0] if bos else None,
+        seed=seed,
+    )
+    value_index = {v: i for i, v in enumerate(pools.values)}
+    key_index = {k: i for i, k in enumerate(pools.keys)}
     texts = []
     for i in range(n_texts):
-        ks = rng.choice(len(keys), size=n_pairs, replace=False)
-        vs = rng.integers(len(values), size=n_pairs)
-        ids = list(bos)
-        for a, b in zip(ks, vs, strict=True):
-            ids += [kid[a], vid[b]]
-        order = rng.permutation(n_pairs)
-        positions = []
-        for q in order:
-            positions.append(len(ids))
-            ids += [kid[ks[q]], vid[vs[q]]]
+        ids = probe.ids[i].tolist()
+        # Pair j's key sits at key_pos[j] in the context; its query at query_pos[j].
         texts.append(
             LabeledText(
                 f"mqar-{i}",
                 ids,
-                positions,
-                [float(vs[q]) for q in order],
-                [int(ks[q]) for q in order],
+                probe.query_pos[i].tolist(),
+                [float(value_index[int(v)]) for v in probe.target[i]],
+                [key_index[ids[int(k)]] for k in probe.key_pos[i]],
             )
         )
     params = {
         "n_texts": n_texts,
         "n_pairs": n_pairs,
-        "keys": list(keys),
+        "seq_len": seq_len,
+        "layout": layout,
+        "keys": list(keys[:n_keys]),
         "values": list(values),
+        "filler": list(filler),
         "seed": seed,
     }
     return ProbeTarget("mqar", "classification", texts, list(values), params, types="the key word")

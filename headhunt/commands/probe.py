@@ -72,8 +72,19 @@ def add_parser(sub) -> None:
         default="question",
         help="needle: read the question's last token or the prompt's last token",
     )
-    t.add_argument("--pairs", type=int, default=8, help="mqar: key-value pairs per text")
-    t.add_argument("--keys", type=common.comma_list(str, "word"), help="mqar: key words")
+    t.add_argument("--pairs", type=int, default=6, help="mqar: key-value pairs per text")
+    t.add_argument("--seq-len", type=int, default=48, help="mqar: Zoology's abstract length L")
+    t.add_argument(
+        "--mqar-layout",
+        choices=("kv", "zoology"),
+        default="kv",
+        help="mqar: 'key: value,' lists or Zoology's bare token layout",
+    )
+    t.add_argument(
+        "--keys",
+        type=common.comma_list(str, "word"),
+        help="mqar: key words (one fewer than values)",
+    )
     t.add_argument(
         "--values", type=common.comma_list(str, "word"), help="mqar: value words (the classes)"
     )
@@ -146,6 +157,8 @@ def build_target(args: argparse.Namespace, tokenizer):
             tokenizer,
             n_texts=n,
             n_pairs=args.pairs,
+            seq_len=args.seq_len,
+            layout=args.mqar_layout,
             keys=args.keys or targets.MQAR_KEYS,
             values=args.values or targets.MQAR_VALUES,
             seed=args.seed,

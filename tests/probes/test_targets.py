@@ -91,18 +91,30 @@ def test_ngram_freq_is_a_regression(tok):
     assert labels.min() >= 0 and labels.max() <= 1 and len(set(labels)) > 2
 
 
-def test_mqar_labels_are_the_bound_values(tok):
-    target = mqar_target(tok, n_texts=10, n_pairs=6, seed=1)
+@pytest.mark.parametrize("layout", ["kv", "zoology"])
+def test_mqar_labels_are_the_bound_values(tok, layout):
+    target = mqar_target(tok, n_texts=10, n_pairs=5, seq_len=32, layout=layout, seed=1)
     key_ids, value_ids = word_ids(tok, MQAR_KEYS), word_ids(tok, MQAR_VALUES)
+    colon = tok(":", add_special_tokens=False).input_ids[0]
+    assert target.classes == MQAR_VALUES
     for text in target.texts:
         ids = text.input_ids
-        assert len(ids) == 1 + 4 * 6
-        bound = {ids[i]: ids[i + 1] for i in range(1, 13, 2)}
-        assert len(text.positions) == 6
-        assert sorted(ids[p] for p in text.positions) == sorted(bound)
+        assert ids[0] == tok.bos_token_id
+        # The context: the first five keys of the text, each followed by its value.
+        keys_seen = [i for i, t in enumerate(ids) if t in key_ids]
+        bound = {}
+        for i in keys_seen[:5]:
+            v = ids[i + 2] if layout == "kv" else ids[i + 1]
+            bound[ids[i]] = v
+        assert len(bound) == 5 and len(set(bound.values())) == 5
+        assert len(text.positions) == 5
         for p, y, ty in zip(text.positions, text.labels, text.types, strict=True):
-            assert value_ids[int(y)] == bound[ids[p]] == ids[p + 1]
-            assert key_ids[ty] == ids[p]
+            key = ids[p - 1] if layout == "kv" else ids[p]
+            if layout == "kv":
+                assert ids[p] == colon
+            assert key_ids[ty] == key
+            assert value_ids[int(y)] == bound[key]
+        assert sorted(key_ids[t] for t in text.types) == sorted(bound)
 
 
 @pytest.mark.slow
@@ -200,7 +212,9 @@ def test_builder_errors(tok, tmp_path):
     with pytest.raises(HeadhuntError, match="k must be"):
         ngram_target(tok, k=0)
     with pytest.raises(HeadhuntError, match="n_pairs"):
-        mqar_target(tok, n_pairs=100)
+        mqar_target(tok, n_pairs=8)
+    with pytest.raises(HeadhuntError, match="disjoint"):
+        mqar_target(tok, filler=["red"])
     with pytest.raises(HeadhuntError, match="cannot read"):
         jsonl_target(tmp_path / "missing.jsonl", tok)
     with pytest.raises(HeadhuntError, match="no rows"):
