@@ -1,0 +1,139 @@
+"""`headhunt circuits`: circuit heads from discrete SAE codes, checked against patching."""
+
+from __future__ import annotations
+
+import argparse
+
+from headhunt.commands.common import add_command, add_model_args, add_out_args, require
+
+DESCRIPTION = """\
+Find the heads of a task's circuit with discrete sparse autoencoders (O'Neill & Bui 2024): one
+SAE over every head's output turns each head's output on a prompt into an integer code; a head
+scores by the codes it takes on positive prompts and never on negative ones (node score), or by
+the code pairs it forms with other heads (edge score).
+
+Unless --no-truth, the same prompt pairs give the ground truth for this model: per-head
+activation patching (clean into corrupted, effect on the logit difference), binarised by
+--truth-share or --truth-top. Each method's ROC AUC against it is reported over --trials seeds,
+with attribution patching (EAP) as the fast baseline, and every method's runtime.
+
+Tasks: ioi, greater-than, docstring (generated for the model's tokenizer), or --task-file: JSON
+lines {"positive": ..., "negative": ..., "answer": " Mary", "wrong": " John"} ("answer" and
+"wrong" may be lists; both are needed for the ground truth and EAP, not for the SAE scores)."""
+
+
+def add_parser(sub) -> None:
+    p = add_command(sub, "circuits", "circuit heads from discrete SAE codes", DESCRIPTION)
+    add_model_args(p)
+    add_out_args(p, default="runs/circuits")
+    g = p.add_argument_group("task")
+    g.add_argument("--task", default="ioi", choices=["ioi", "greater-than", "docstring"])
+    g.add_argument("--task-file", help="your own prompt pairs (JSONL); overrides --task")
+    g.add_argument("--pairs", type=int, default=32, help="prompt pairs generated for a task")
+    g = p.add_argument_group("SAE (defaults: the paper's)")
+    g.add_argument("--trials", type=int, default=10, help="SAE runs, one seed each")
+    g.add_argument("--sae-examples", type=int, default=10, help="prompts each SAE trains on")
+    g.add_argument(
+        "--subsample", type=float, default=0.5, help="share of the pairs each trial scores on"
+    )
+    g.add_argument("--position", default="mean", choices=["mean", "last"])
+    g.add_argument("--dict-size", type=int, default=200)
+    g.add_argument("--l1", type=float, help="sparsity coefficient (0.05 for docstring, else 0.02)")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--epochs", type=int, default=500)
+    g.add_argument("--edge-top-fraction", type=float, default=0.5)
+    g = p.add_argument_group("ground truth and circuit")
+    g.add_argument("--no-truth", action="store_true", help="skip activation patching")
+    g.add_argument("--no-eap", action="store_true", help="skip attribution patching")
+    g.add_argument(
+        "--truth-share",
+        type=float,
+        default=0.5,
+        help="truth = fewest heads whose |patching effect| adds up to this share of the total",
+    )
+    g.add_argument("--truth-top", type=int, help="truth = this many heads by |effect| instead")
+    g.add_argument("--circuit-size", type=int, help="circuit = this many heads by node score")
+    g.add_argument(
+        "--circuit-threshold",
+        type=float,
+        help="circuit = heads whose normalised node score is above",
+    )
+    g.add_argument("--batch-size", type=int, default=8, help="prompt pairs per forward pass")
+    g.add_argument("--top", type=int, default=15, help="heads printed")
+    g.add_argument("--no-png", action="store_true", help="plots as HTML only (PNG needs kaleido)")
+    g.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    require(args.pairs >= 2, f"--pairs must be at least 2, got {args.pairs}")
+    require(args.batch_size >= 1, f"--batch-size must be at least 1, got {args.batch_size}")
+    require(args.top >= 0, "--top must not be negative")
+    require(
+        args.circuit_size is None or args.circuit_threshold is None,
+        "give --circuit-size or --circuit-threshold, not both",
+    )
+
+
+def parameters(args: argparse.Namespace) -> dict:
+    """What decides the numbers of a run (a resumed run must match them)."""
+    from pathlib import Path
+
+    l1 = args.l1 if args.l1 is not None else (0.05 if args.task == "docstring" else 0.02)
+    return {
+        "model": args.model,
+        "dtype": args.dtype,
+        "task": None if args.task_file else args.task,
+        "task_file": str(Path(args.task_file).expanduser().resolve()) if args.task_file else None,
+        "pairs": args.pairs,
+        "trials": args.trials,
+        "sae_examples": args.sae_examples,
+        "subsample": args.subsample,
+        "position": args.position,
+        "dict_size": args.dict_size,
+        "l1": l1,
+        "lr": args.lr,
+        "epochs": args.epochs,
+        "edge_top_fraction": args.edge_top_fraction,
+        "truth": not args.no_truth,
+        "eap": not args.no_eap,
+        "truth_share": None if args.truth_top is not None else args.truth_share,
+        "truth_top": args.truth_top,
+        "seed": args.seed,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    params = parameters(args)
+    from headhunt.sae.circuits import CircuitConfig
+
+    config = CircuitConfig.from_dict(params)  # validates before anything heavy happens
+
+    from headhunt.commands.common import open_model, print_table, seed_everything
+    from headhunt.rundir import RunDir, load_run
+    from headhunt.sae import report
+
+    run_dir = RunDir.open(
+        args.out, "circuits", resume=args.resume, force=args.force, parameters=params
+    )
+    if run_dir.complete:
+        done = load_run(run_dir.out)
+        report.print_summary(done.path, print_table, top=args.top)
+        return 0
+    seed_everything(args.seed)
+    model = open_model(args)
+    path = report.run(
+        model,
+        run_dir,
+        params,
+        config,
+        task_file=args.task_file,
+        batch_size=args.batch_size,
+        circuit_size=args.circuit_size,
+        circuit_threshold=args.circuit_threshold,
+        progress=not args.no_progress,
+        png=not args.no_png,
+    )
+    report.print_summary(path, print_table, top=args.top)
+    return 0

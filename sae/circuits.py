@@ -1,0 +1,235 @@
+"""The whole method and its check: SAE codes -> node / edge scores, against activation patching
+and attribution patching on the same prompt pairs.
+
+One call of :func:`run_trials` does, for ``N`` prompt pairs:
+
+1. capture every head's output on the 2N prompts (one forward pass per batch);
+2. optionally, the ground truth (per-head activation patching on all N pairs) and EAP (one
+   score matrix per pair);
+3. ``trials`` times, with seed ``seed + t``: draw a subset of the pairs (``subsample``), train a
+   fresh SAE on ``sae_examples`` prompts drawn from that subset's positives and negatives
+   (the paper trains on ~10), take every head's code on the subset, and score heads by node
+   and edge scores; EAP's score for the trial is its mean over the same subset. Each method's
+   ROC AUC against the binarised ground truth is recorded per trial.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float
+
+from headhunt.errors import HeadhuntError
+from headhunt.sae import roc, scoring
+from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
+
+
+@dataclass
+class CircuitConfig:
+    """Settings of a circuit-finding run (SAE defaults: the paper's).
+
+    Attributes:
+        trials: independent SAE runs (seeds ``seed``, ``seed + 1``, ...).
+        sae_examples: prompts (positives and negatives mixed) each SAE is trained on.
+        subsample: share of the pairs each trial scores on (1.0: all pairs every trial, so
+            only the SAE's training draw and initialisation vary).
+        position: head outputs averaged over positions ("mean", the paper's) or "last".
+        dict_size, l1, lr, epochs: the SAE's (see :class:`SAEConfig`).
+        edge_top_fraction: share of head pairs counted for the edge-derived head score.
+        truth_share / truth_top: how patching effects are binarised (see
+            :func:`headhunt.sae.roc.binarize_truth`); set one.
+        seed: first trial's seed.
+    """
+
+    trials: int = 10
+    sae_examples: int = 10
+    subsample: float = 0.5
+    position: str = "mean"
+    dict_size: int = 200
+    l1: float = 0.02
+    lr: float = 1e-3
+    epochs: int = 500
+    edge_top_fraction: float = 0.5
+    truth_share: float | None = 0.5
+    truth_top: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise HeadhuntError(f"need at least one trial, got {self.trials}")
+        if self.sae_examples < 1:
+            raise HeadhuntError(f"need at least one SAE training example, got {self.sae_examples}")
+        if not 0 < self.subsample <= 1:
+            raise HeadhuntError(f"subsample must be in (0, 1], got {self.subsample}")
+        if self.position not in ("mean", "last"):
+            raise HeadhuntError(f"unknown position {self.position!r} (use mean or last)")
+        if (self.truth_share is None) == (self.truth_top is None):
+            raise HeadhuntError("set exactly one of truth_share and truth_top")
+
+    def sae_config(self, d_in: int, seed: int) -> SAEConfig:
+        return SAEConfig(
+            d_in=d_in,
+            dict_size=self.dict_size,
+            l1=self.l1,
+            lr=self.lr,
+            epochs=self.epochs,
+            seed=seed,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CircuitConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Trial:
+    """One trial's scores ([layers * heads], flattened layer-major) and AUCs.
+
+    Attributes:
+        node, node_norm: SAE node scores |P \\ N| and |P \\ N| / |P ∪ N|.
+        edge: head score derived from SAE edge scores.
+        eap: |EAP| over the trial's pairs (None without EAP).
+        auc: method -> ROC AUC against the ground truth (empty without it).
+        seconds: time of this trial's SAE training and of its scoring.
+        final_loss: the SAE's training loss at the end.
+        n_codes: distinct codes over the trial's prompts and heads.
+        top_edges: the best head pairs (flat head a, flat head b, edge score), at most 100.
+        sae: the trained SAE (not serialised in :meth:`record`).
+    """
+
+    index: int
+    pairs: list[int]
+    train_examples: list[int]
+    node: Float[np.ndarray, " heads"]
+    node_norm: Float[np.ndarray, " heads"]
+    edge: Float[np.ndarray, " heads"]
+    eap: Float[np.ndarray, " heads"] | None
+    auc: dict[str, float]
+    seconds: dict[str, float]
+    final_loss: float
+    n_codes: int
+    top_edges: list[tuple[int, int, float]]
+    sae: DiscreteSAE | None = None
+
+    def record(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sae"}
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> Trial:
+        arr = {k: np.asarray(r[k], float) for k in ("node", "node_norm", "edge")}
+        eap = None if r.get("eap") is None else np.asarray(r["eap"], float)
+        rest = {k: r[k] for k in ("index", "pairs", "train_examples", "auc", "seconds")}
+        edges = [(int(a), int(b), float(v)) for a, b, v in r["top_edges"]]
+        return cls(
+            **rest,
+            **arr,
+            eap=eap,
+            final_loss=r["final_loss"],
+            n_codes=r["n_codes"],
+            top_edges=edges,
+        )
+
+
+def run_trial(
+    t: int,
+    acts: Float[torch.Tensor, "examples heads d_model"],
+    config: CircuitConfig,
+    *,
+    eap_pairs: Float[np.ndarray, "pairs heads"] | None = None,
+    truth: np.ndarray | None = None,
+) -> Trial:
+    """One trial (see the module docstring). ``acts`` holds N positives then N negatives."""
+    n = acts.shape[0] // 2
+    seed = config.seed + t
+    rng = np.random.default_rng(seed)
+    k = max(1, round(config.subsample * n))
+    subset = np.sort(rng.choice(n, size=k, replace=False))
+    prompts = np.concatenate([subset, subset + n])
+    n_train = min(config.sae_examples, len(prompts))
+    train_idx = np.sort(rng.choice(prompts, size=n_train, replace=False))
+    t0 = time.perf_counter()
+    x_train = acts[torch.as_tensor(train_idx)].reshape(-1, acts.shape[-1])
+    result = train_sae(x_train, config.sae_config(acts.shape[-1], seed))
+    t1 = time.perf_counter()
+    codes = result.sae.codes(acts[torch.as_tensor(prompts)]).numpy()
+    pos, neg = codes[:k], codes[k:]
+    ns = scoring.node_scores(pos, neg)
+    edges = scoring.edge_scores(pos, neg)
+    edge = scoring.edge_head_scores(edges, config.edge_top_fraction)
+    t2 = time.perf_counter()
+    iu, ju = np.triu_indices(len(edges), 1)
+    best = np.argsort(-edges[iu, ju], kind="stable")[:100]
+    top_edges = [
+        (int(iu[b]), int(ju[b]), float(edges[iu[b], ju[b]]))
+        for b in best
+        if edges[iu[b], ju[b]] > 0
+    ]
+    eap = None if eap_pairs is None else np.abs(eap_pairs[subset].mean(0))
+    auc: dict[str, float] = {}
+    if truth is not None:
+        auc = {
+            "sae_node": roc.roc_auc(ns.count, truth),
+            "sae_node_norm": roc.roc_auc(ns.normalised, truth),
+            "sae_edge": roc.roc_auc(edge, truth),
+        }
+        if eap is not None:
+            auc["eap"] = roc.roc_auc(eap, truth)
+    return Trial(
+        index=t,
+        pairs=subset.tolist(),
+        train_examples=train_idx.tolist(),
+        node=ns.count,
+        node_norm=ns.normalised,
+        edge=edge,
+        eap=eap,
+        auc=auc,
+        seconds={"sae_train": t1 - t0, "sae_score": t2 - t1},
+        final_loss=result.losses[-1],
+        n_codes=len(np.unique(codes)),
+        top_edges=top_edges,
+        sae=result.sae,
+    )
+
+
+def run_trials(
+    acts: Float[torch.Tensor, "examples heads d_model"],
+    config: CircuitConfig,
+    *,
+    eap_pairs: Float[np.ndarray, "pairs heads"] | None = None,
+    truth: np.ndarray | None = None,
+    done: list[Trial] | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+    progress: bool = True,
+) -> list[Trial]:
+    """All trials, skipping those in ``done`` (a resumed run); ``on_trial`` sees each new one."""
+    from tqdm.auto import tqdm
+
+    if acts.shape[0] % 2 or acts.shape[0] < 2:
+        raise HeadhuntError("activations must hold N positives then N negatives")
+    trials = {t.index: t for t in (done or [])}
+    todo = [t for t in range(config.trials) if t not in trials]
+    for t in tqdm(todo, desc="SAE trials", disable=not progress, leave=False):
+        trial = run_trial(t, acts, config, eap_pairs=eap_pairs, truth=truth)
+        trials[t] = trial
+        if on_trial is not None:
+            on_trial(trial)
+    return [trials[t] for t in range(config.trials)]
+
+
+def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
+    """Per method: mean and std (over trials) of ROC AUC, and the per-trial values."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in trials[0].auc:
+        vals = [t.auc[name] for t in trials]
+        out[name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "trials": vals}
+    return out

@@ -1,0 +1,177 @@
+"""`headhunt circuits`: run directories, resume, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import headhunt.commands.common as common
+from headhunt.cli import main
+from headhunt.rundir import load_run
+from headhunt.sae.planted import planted_model
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return planted_model()
+
+
+@pytest.fixture
+def task_file(tmp_path, planted):
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps(p.to_dict()) for p in planted.pairs(10, seed=0).pairs))
+    return f
+
+
+@pytest.fixture
+def use_planted(monkeypatch, planted):
+    monkeypatch.setattr(common, "open_model", lambda args: planted.model)
+
+
+FAST = ["--trials", "2", "--epochs", "60", "--no-progress", "--no-png"]
+
+
+def test_run_writes_a_complete_run_directory(tmp_path, task_file, use_planted, capsys):
+    out = tmp_path / "run"
+    args = ["circuits", "--task-file", str(task_file), "--out", str(out), "--truth-top", "2"]
+    assert main(args + FAST) == 0
+    run = load_run(out)
+    m = run.manifest
+    assert m["method"] == "circuits" and m["n_pairs"] == 10
+    for name in (
+        "scores.parquet",
+        "auc.json",
+        "circuit.json",
+        "trials.jsonl",
+        "edges.parquet",
+        "patching.json",
+        "eap.safetensors",
+        "sae.safetensors",
+        "sae.json",
+        "pairs.jsonl",
+        "roc.html",
+        "heads.html",
+    ):
+        assert (out / name).is_file(), name
+    for key in ("capture", "patching", "eap", "sae_train_per_trial", "sae_method"):
+        assert m["timings"][key] >= 0
+    scores = run.scores()
+    assert {"sae_node", "sae_node_norm", "sae_edge", "eap", "patching", "truth"} <= set(
+        scores.metrics
+    )
+    truth = {
+        (r.layer, r.head)
+        for r in scores.df[scores.df.metric == "truth"].itertuples()
+        if r.value == 1
+    }
+    assert truth == {(2, 1), (2, 3)}
+    auc = run.json("auc.json")
+    assert auc["methods"]["sae_node"]["mean"] >= 0.9 and len(auc["methods"]["eap"]["trials"]) == 2
+    assert sorted(map(tuple, m["circuit"]["heads"])) == [(2, 1), (2, 3)]
+    printed = capsys.readouterr().out
+    assert "ROC AUC" in printed and "run directory" in printed
+    # a finished run is reprinted with --resume, not recomputed
+    assert main(args + FAST + ["--resume"]) == 0
+    assert "heads by SAE node score" in capsys.readouterr().out
+
+
+def test_sae_only_run_without_answers(tmp_path, use_planted):
+    f = tmp_path / "plain.jsonl"
+    f.write_text(
+        '{"positive": "the secret gate", "negative": "the code gate"}\n'
+        '{"positive": "a secret day", "negative": "a code day"}\n'
+    )
+    out = tmp_path / "run"
+    rc = main(
+        [
+            "circuits",
+            "--task-file",
+            str(f),
+            "--out",
+            str(out),
+            "--no-truth",
+            "--no-eap",
+            "--circuit-size",
+            "3",
+            *FAST,
+        ]
+    )
+    assert rc == 0
+    m = load_run(out).manifest
+    assert m["auc"] == {} and len(m["circuit"]["heads"]) == 3
+    assert "patching" not in m["timings"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--task-file", "/nonexistent/pairs.jsonl"], "no task file"),
+        (["--circuit-size", "3", "--circuit-threshold", "0.5"], "not both"),
+        (["--subsample", "1.5"], "subsample"),
+        (["--trials", "0"], "trial"),
+        (["--pairs", "1"], "--pairs"),
+        (["--truth-share", "2"], "share"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, use_planted, task_file, capsys, extra, match):
+    args = ["circuits", "--task-file", str(task_file), "--out", str(tmp_path / "r"), *FAST]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_answers_need_no_truth(tmp_path, use_planted, capsys):
+    f = tmp_path / "plain.jsonl"
+    f.write_text('{"positive": "the secret gate", "negative": "the code gate"}\n' * 2)
+    assert main(["circuits", "--task-file", str(f), "--out", str(tmp_path / "r"), *FAST]) == 2
+    assert "--no-truth" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_existing_run_needs_force(tmp_path, use_planted, task_file, capsys):
+    (tmp_path / "r").mkdir()
+    rc = main(["circuits", "--task-file", str(task_file), "--out", str(tmp_path / "r"), *FAST])
+    assert rc == 2 and "--force" in capsys.readouterr().err
+
+
+def test_help_is_fast_and_complete():
+    out = subprocess.run(
+        [sys.executable, "-m", "headhunt", "circuits", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for opt in ("--task-file", "--truth-share", "--sae-examples", "--circuit-size"):
+        assert opt in out
+
+
+@pytest.mark.slow
+def test_embedded_model_sae_only(tmp_path, smol, monkeypatch, capsys):
+    monkeypatch.setattr(common, "open_model", lambda args: smol)
+    out = tmp_path / "smol"
+    rc = main(
+        [
+            "circuits",
+            "--task",
+            "greater-than",
+            "--pairs",
+            "3",
+            "--trials",
+            "1",
+            "--epochs",
+            "20",
+            "--no-truth",
+            "--no-eap",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    scores = load_run(out).scores()
+    assert scores.matrix("sae_node").shape == (30, 9)
