@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(
+        sys.argv[1:] if argv is None else argv
+    )  # for commands that relaunch themselves
     debug = args.debug or bool(os.environ.get("HEADHUNT_DEBUG"))
     try:
         code = _run(args, debug)

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
-from headhunt.heads.scores import HeadScores
-from headhunt.probes.capture import Decoded, greedy_decode
-from headhunt.probes.hooked import HookedModel
 from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
+from headhunt.heads.scores import HeadScores
+from headhunt.probes.capture import Decoded, greedy_decode
+from headhunt.probes.hooked import HookedModel
 
 METRIC = "retrieval_score"
 
@@ -160,6 +160,22 @@ def auto_batch_size(model: HookedModel, length: int) -> int:
     return max(1, budget // length)
 
 
+def plan_batches(
+    model: HookedModel, trials: list[Trial], config: RetrievalConfig
+) -> list[list[Trial]]:
+    """Group trials into decoding batches (same length, at most the batch size). The plan
+    depends only on the trials, config and device type, so sharding whole batches over
+    processes reproduces a single process's numbers exactly."""
+    by_length: dict[int, list[Trial]] = {}
+    for t in trials:
+        by_length.setdefault(t.length, []).append(t)
+    batches = []
+    for length, group in by_length.items():
+        bs = config.batch_size or auto_batch_size(model, length)
+        batches += [group[i : i + bs] for i in range(0, len(group), bs)]
+    return batches
+
+
 def run_trials(
     model: HookedModel,
     trials: list[Trial],
@@ -167,20 +183,19 @@ def run_trials(
     *,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
+    batches: list[list[Trial]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Decode every trial (batched by length) and score all heads; returns one record per trial."""
+    """Decode every trial (batched by length) and score all heads; returns one record per
+    trial. ``batches`` overrides the plan of :func:`plan_batches` (e.g. one process's share)."""
     stop = stop_token_ids(model.tokenizer)
+    batches = plan_batches(model, trials, config) if batches is None else batches
     records = []
-    by_length: dict[int, list[Trial]] = {}
-    for t in trials:
-        by_length.setdefault(t.length, []).append(t)
-    bar = tqdm(total=len(trials), desc="retrieval trials", unit="trial", disable=not progress)
-    for length, group in by_length.items():
-        bs = config.batch_size or auto_batch_size(model, length)
-        for i in range(0, len(group), bs):
-            batch = group[i : i + bs]
-            records.extend(_score_batch(model, batch, config, stop, on_record))
-            bar.update(len(batch))
+    bar = tqdm(
+        total=sum(map(len, batches)), desc="retrieval trials", unit="trial", disable=not progress
+    )
+    for batch in batches:
+        records.extend(_score_batch(model, batch, config, stop, on_record))
+        bar.update(len(batch))
     bar.close()
     return records
 

@@ -65,6 +65,13 @@ def add_parser(sub) -> None:
         help="how duo_attention.tsv folds query heads into their KV head",
     )
     g.add_argument("--top", type=int, default=20, help="rows of the printed table")
+    g.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes (one model replica each, one GPU each when there are GPUs); "
+        "also works under torchrun",
+    )
     p.set_defaults(func=run)
 
 
@@ -85,10 +92,26 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    from headhunt import distributed
+
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return distributed.launch(distributed.strip_option(args.argv, "--nproc"), args.nproc)
+    dist = distributed.init()
+    try:
+        return _run(args, dist)
+    finally:
+        dist.close()
+
+
+def _run(args: argparse.Namespace, dist) -> int:
     import json
+    from pathlib import Path
 
     import numpy as np
 
+    from headhunt.errors import HeadhuntError
     from headhunt.heads import retrieval as R
     from headhunt.heads.needles import read_haystack
     from headhunt.plots import head_heatmap, write_html
@@ -98,34 +121,72 @@ def run(args: argparse.Namespace) -> int:
     config.validate()
     read_haystack(config.haystack)  # fail on a bad haystack before loading the model
     params = {**config.to_dict(), "model": args.model, "kv_aggregate": args.kv_aggregate}
-    run_dir = RunDir.open(
-        args.out, "retrieval", resume=args.resume, force=args.force, parameters=params
-    )
-    if run_dir.complete:
-        show(
-            load_run(run_dir.out).scores(), load_run(run_dir.out).manifest, args.top, args.threshold
-        )
+    # Rank 0 owns the run directory; the others learn its fate before doing any work.
+    run_dir, failure = None, None
+    if dist.is_main:
+        try:
+            run_dir = RunDir.open(
+                args.out, "retrieval", resume=args.resume, force=args.force, parameters=params
+            )
+        except HeadhuntError as e:
+            failure = str(e)
+    state = dist.gather((failure, run_dir and str(run_dir.work), run_dir and run_dir.complete))[0]
+    failure, work, complete = state
+    if failure:
+        if dist.is_main:
+            raise HeadhuntError(failure)
+        return 2
+    if complete:
+        if dist.is_main:
+            show(
+                load_run(run_dir.out).scores(),
+                load_run(run_dir.out).manifest,
+                args.top,
+                args.threshold,
+            )
         return 0
+    work = Path(work)
 
     seed_everything(args.seed)
     t0 = time.perf_counter()
+    args.device = dist.device(args.device)
     model = open_model(args)
     t_load = time.perf_counter() - t0
     config.validate(model)
     trials = R.build_trials(model, config)
-    done = {r["id"]: r for r in run_dir.records(TRIALS)}
-    todo = [t for t in trials if t.id not in done]
-    if done:
+    done = {r["id"] for r in _saved(work)}
+    mine = [
+        [t for t in b if t.id not in done]
+        for b in dist.share(R.plan_batches(model, trials, config))
+    ]
+    mine = [b for b in mine if b]
+    if done and dist.is_main:
         print(f"resuming: {len(done)} of {len(trials)} trials already done")
+    shard = work / (TRIALS if not dist.active else f"trials.rank{dist.rank}.jsonl")
     t1 = time.perf_counter()
-    R.run_trials(model, todo, config, on_record=lambda r: run_dir.append_record(r, TRIALS))
+    new = R.run_trials(
+        model,
+        [],
+        config,
+        batches=mine,
+        progress=dist.is_main,
+        on_record=lambda r: _append(shard, r),
+    )
     t_trials = time.perf_counter() - t1
-    by_id = {r["id"]: r for r in run_dir.records(TRIALS)}
-    records = [by_id[t.id] for t in trials]
+    gathered = dist.gather(new)
+    if not dist.is_main:
+        return 0
 
+    by_id = {r["id"]: r for r in _saved(work)}
+    by_id.update({r["id"]: r for part in gathered for r in part})
+    records = [by_id[t.id] for t in trials]
+    for f in work.glob("trials*.jsonl"):
+        f.unlink()
+    for r in records:  # one file, in trial order, however the work was split or resumed
+        _append(work / TRIALS, r)
     scores = R.aggregate(records, model)
     scores.to_parquet(run_dir.path("scores.parquet"))
-    (run_dir.path("retrieval_heads.json")).write_text(
+    run_dir.path("retrieval_heads.json").write_text(
         json.dumps(R.reference_json(records, model.n_layers, model.n_heads))
     )
     mean = scores.matrix(R.METRIC)
@@ -142,9 +203,10 @@ def run(args: argparse.Namespace) -> int:
         timings={
             "load_model_s": t_load,
             "trials_s": t_trials,
-            "trials_per_s": len(todo) / max(t_trials, 1e-9),
+            "trials_per_s": sum(map(len, mine)) * dist.world / max(t_trials, 1e-9),
         },
         extra={
+            "processes": dist.world,
             "summary": {
                 "trials": len(records),
                 "counted_trials": counted,
@@ -161,6 +223,30 @@ def run(args: argparse.Namespace) -> int:
     show(run_.scores(), run_.manifest, args.top, args.threshold)
     print(f"run directory: {out}")
     return 0
+
+
+def _saved(work) -> list[dict]:
+    """Trials finished by earlier or interrupted runs, from every shard file."""
+    import json
+
+    out = []
+    for f in sorted(work.glob("trials*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut by a crash: the ones before it are intact
+    return out
+
+
+def _append(path, record: dict) -> None:
+    import json
+    import os
+
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def show(scores, manifest, top: int, threshold: float) -> None:

@@ -1,0 +1,206 @@
+"""Benchmark: headhunt's retrieval scorer vs a faithful re-implementation of the reference's
+per-head loop, and vs plain greedy generation, on the same trials and device, in one run.
+
+The reference (Retrieval_Head's retrieval_head_detection.py) decodes one trial at a time with
+eager attention, and at every generated token loops in Python over every layer and head, calling
+topk and .item() on each: a host-device sync per head per token. Its prefill here uses SDPA (as
+generous to it as possible). Ours batches the trials of one length, decodes with SDPA and takes
+every head's argmax in one operation per layer.
+
+    python benchmarks/bench_retrieval.py --lengths 1000,2000 --repeats 3 --out bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+import torch
+
+from headhunt.heads.retrieval import RetrievalConfig, build_trials, run_trials, stop_token_ids
+from headhunt.probes.capture import _cache, greedy_decode
+from headhunt.probes.hooked import load_model
+
+
+def reference_trial(model, trial, max_new_tokens: int, stop_ids: set[int]) -> np.ndarray:
+    """One trial the reference's way; returns its [layers, heads] score."""
+    dev = model.device
+    prompt = torch.tensor(trial.input_ids, device=dev)
+    s, e = trial.span
+    scores = np.zeros((model.n_layers, model.n_heads))
+    with torch.inference_mode():
+        out = model.model(prompt[None, :-1], None, None, None, use_cache=True, logits_to_keep=1)
+        past, inp = _cache(out), prompt[-1]
+        for m in model.modules:
+            m.headhunt_base = "eager"  # output_attentions needs eager decoding
+        try:
+            for _ in range(max_new_tokens):
+                out = model.model(
+                    inp.view(1, 1), None, None, past, use_cache=True, output_attentions=True
+                )
+                past = _cache(out)
+                inp = out.logits[0, -1].argmax()
+                for layer in range(model.n_layers):
+                    for head in range(model.n_heads):
+                        values, idx = out.attentions[layer][0][head][-1].topk(1)
+                        for _v, i in zip(values, idx, strict=True):
+                            if s <= i < e and inp.item() == prompt[i].item():
+                                scores[layer][head] += 1 / (e - s)
+                if inp.item() in stop_ids:
+                    break
+        finally:
+            for m in model.modules:
+                m.headhunt_base = "sdpa"
+    return scores
+
+
+class PeakRSS:
+    """Samples the process's resident memory (CPU runs) every 10 ms."""
+
+    def __enter__(self):
+        import psutil
+
+        self.proc, self.peak, self.stop = psutil.Process(), 0, False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+
+
+def timed(fn, device: torch.device) -> tuple[float, float, object]:
+    """(seconds, peak memory in GiB, result): CUDA peak allocated on GPU, peak RSS on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t, torch.cuda.max_memory_allocated() / 2**30, result
+    with PeakRSS() as rss:
+        t = time.perf_counter()
+        result = fn()
+        dt = time.perf_counter() - t
+    return dt, rss.peak / 2**30, result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--lengths", default="1000,2000")
+    p.add_argument("--depths", default="0,50,100")
+    p.add_argument("--needles", default="passkey,city,magic")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=0)
+    p.add_argument("--skip-reference", action="store_true")
+    p.add_argument("--out", default="bench_retrieval.json")
+    args = p.parse_args()
+
+    model = load_model(args.model, device=args.device)
+    dev = model.device
+    config = RetrievalConfig(
+        lengths=[int(x) for x in args.lengths.split(",")],
+        depths=[float(x) for x in args.depths.split(",")],
+        needles=args.needles.split(","),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    trials = build_trials(model, config)
+    stop = stop_token_ids(model.tokenizer)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"{len(trials)} trials on {name}, {model.dtype}, lengths {config.lengths}")
+
+    def ours():
+        return run_trials(model, trials, config, progress=False)
+
+    def plain():
+        by_len: dict[int, list] = {}
+        for t in trials:
+            by_len.setdefault(t.length, []).append(t)
+        for length, group in by_len.items():
+            bs = config.batch_size or max(1, (16_384 if dev.type == "cpu" else 262_144) // length)
+            for i in range(0, len(group), bs):
+                prompts = torch.tensor([t.input_ids for t in group[i : i + bs]])
+                greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop)
+
+    def reference():
+        return [reference_trial(model, t, config.max_new_tokens, stop) for t in trials]
+
+    methods = {"headhunt": ours, "plain_greedy": plain}
+    if not args.skip_reference:
+        methods["reference_loop"] = reference
+    # Warm-up: one pass of each on the first trial's batch (kernels, allocator, caches).
+    warm = RetrievalConfig(
+        **{**config.to_dict(), "lengths": config.lengths[:1], "depths": config.depths[:1]}
+    )
+    run_trials(model, build_trials(model, warm), warm, progress=False)
+    if not args.skip_reference:
+        reference_trial(model, trials[0], 4, stop)
+
+    results, outputs = {}, {}
+    for rep in range(args.repeats):
+        for label, fn in methods.items():
+            dt, mem, out = timed(fn, dev)
+            results.setdefault(label, {"seconds": [], "peak_gib": []})
+            results[label]["seconds"].append(dt)
+            results[label]["peak_gib"].append(mem)
+            outputs[label] = out
+            print(f"repeat {rep} {label}: {dt:.2f} s, peak {mem:.2f} GiB", flush=True)
+
+    summary = {}
+    for label, r in results.items():
+        med = statistics.median(r["seconds"])
+        summary[label] = {
+            "median_s": med,
+            "trials_per_s": len(trials) / med,
+            "peak_gib": max(r["peak_gib"]),
+            "all_seconds": r["seconds"],
+        }
+    ours_med = summary["headhunt"]["median_s"]
+    check = {}
+    if "reference_loop" in outputs:
+        a = np.array([r["scores"] for r in outputs["headhunt"]])
+        b = np.array(outputs["reference_loop"])
+        check = {
+            "max_abs_diff": float(np.abs(a - b).max()),
+            "identical_trials": int((np.abs(a - b).max((1, 2)) < 1e-6).sum()),
+        }
+        summary["speedup_vs_reference"] = summary["reference_loop"]["median_s"] / ours_med
+    summary["overhead_vs_plain"] = ours_med / summary["plain_greedy"]["median_s"] - 1
+    report = {
+        "device": name,
+        "dtype": str(model.dtype),
+        "torch": torch.__version__,
+        "trials": len(trials),
+        "config": config.to_dict(),
+        "results": summary,
+        "agreement_with_reference": check,
+        "counted_trials": sum(r["counted"] for r in outputs["headhunt"]),
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print("| method | median s | trials/s | peak GiB |")
+    print("|---|---|---|---|")
+    for label in methods:
+        r = summary[label]
+        print(f"| {label} | {r['median_s']:.2f} | {r['trials_per_s']:.2f} | {r['peak_gib']:.2f} |")
+    print({k: v for k, v in summary.items() if not isinstance(v, dict)}, check)
+
+
+if __name__ == "__main__":
+    main()
