@@ -2,7 +2,8 @@
 
 :func:`capture_states` runs one forward pass per batch and keeps, for every chosen layer, the
 output of that decoder layer (the residual stream after the layer) at each text's chosen
-positions; optionally each head's attention output too (before ``o_proj``, so ``head_dim``
+positions. That equals Hugging Face's ``hidden_states[L + 1]`` except for the last layer, where
+HF returns the stream after the final norm and we keep it before. Optionally each head's attention output too (before ``o_proj``, so ``head_dim``
 numbers per head: a linear probe on it sees everything a probe on the head's ``W_O`` image
 sees). Nothing else of the forward is kept: the logits are never computed, and layers after
 the last chosen one never run.
