@@ -42,7 +42,7 @@ def capture_qk(
     """Post-rotary queries and keys of ``layers`` (default all) from one forward pass."""
     cap = QKCapture()
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
-        model.forward(input_ids, use_cache=False)
+        model.forward(input_ids, use_cache=False, logits_to_keep=1)
     return cap.qk
 
 
@@ -76,7 +76,7 @@ def capture_attention_stats(
     """
     cap = StatsCapture(**kwargs)
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
-        model.forward(input_ids, use_cache=False)
+        model.forward(input_ids, use_cache=False, logits_to_keep=1)  # no [n, vocab] logits
     return cap.stats
 
 

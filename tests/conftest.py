@@ -62,3 +62,19 @@ def tiny_folder(tmp_path_factory):
     m.model.save_pretrained(folder)
     m.tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def plain_model():
+    """Factory: an unhooked transformers copy of a HookedModel's weights (the oracle)."""
+    from transformers import LlamaForCausalLM
+
+    def make(model, impl: str = "eager"):
+        cfg = model.model.config.to_dict()
+        cfg["attn_implementation"] = impl
+        ref = LlamaForCausalLM(type(model.model.config)(**cfg))
+        ref.load_state_dict(model.model.state_dict())
+        ref.config._attn_implementation = impl
+        return ref.eval()
+
+    return make

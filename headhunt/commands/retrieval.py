@@ -174,6 +174,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     )
     t_trials = time.perf_counter() - t1
     gathered = dist.gather(new)
+    t_trials = max(dist.gather(t_trials))  # the slowest process sets the wall time
     if not dist.is_main:
         return 0
 
@@ -203,7 +204,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         timings={
             "load_model_s": t_load,
             "trials_s": t_trials,
-            "trials_per_s": sum(map(len, mine)) * dist.world / max(t_trials, 1e-9),
+            "trials_per_s": len(trials) / max(t_trials, 1e-9),
         },
         extra={
             "processes": dist.world,

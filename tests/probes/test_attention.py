@@ -4,45 +4,35 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 from headhunt.heads.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.capture import capture_qk, greedy_decode
 
 
-def plain_copy(model, impl: str):
-    cfg = model.model.config.to_dict()
-    cfg["attn_implementation"] = impl
-    ref = LlamaForCausalLM(type(model.model.config)(**cfg))
-    ref.load_state_dict(model.model.state_dict())
-    ref.config._attn_implementation = impl
-    return ref.eval()
-
-
 @pytest.mark.parametrize("base", ["sdpa", "eager"])
-def test_hooked_model_matches_plain_transformers(tiny, base):
+def test_hooked_model_matches_plain_transformers(tiny, plain_model, base):
     ids = torch.randint(5, 60, (2, 33))
     for m in tiny.modules:
         m.headhunt_base = base
     try:
         with torch.no_grad():
             ours = tiny.model(ids).logits
-            ref = plain_copy(tiny, "eager")(ids).logits
+            ref = plain_model(tiny)(ids).logits
     finally:
         for m in tiny.modules:
             m.headhunt_base = "sdpa"
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_capture_qk_is_post_rotary(tiny):
+def test_capture_qk_is_post_rotary(tiny, plain_model):
     ids = torch.randint(5, 60, (1, 17))
     qk = capture_qk(tiny, ids)
     assert sorted(qk) == [0, 1]
     q, k = qk[0]
     assert q.shape == (1, 4, 17, 16) and k.shape == (1, 2, 17, 16)
     # Recompute layer 0's attention from the captured q, k: it must match eager's weights.
-    ref = plain_copy(tiny, "eager")
+    ref = plain_model(tiny)
     with torch.no_grad():
         weights = ref(ids, output_attentions=True).attentions[0]
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k.repeat_interleave(2, 1)) / 4.0
