@@ -28,6 +28,20 @@ from headhunt.errors import HeadhuntError
 from headhunt.sae import roc, scoring
 from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
 
+HEAD_NORMS = ("none", "center", "standardize")
+
+
+def normalize_heads(
+    x: Float[torch.Tensor, "examples heads d_model"], mode: str
+) -> Float[torch.Tensor, "examples heads d_model"]:
+    """Per-head centring / standardising over the examples (see ``CircuitConfig.head_norm``)."""
+    if mode == "none":
+        return x
+    x = x - x.mean(0, keepdim=True)
+    if mode == "standardize":
+        x = x / x.norm(dim=-1).mean(0).clamp_min(1e-8)[None, :, None]
+    return x
+
 
 @dataclass
 class CircuitConfig:
@@ -39,6 +53,11 @@ class CircuitConfig:
         subsample: share of the pairs each trial scores on (1.0: all pairs every trial, so
             only the SAE's training draw and initialisation vary).
         position: head outputs averaged over positions ("mean", the paper's) or "last".
+        head_norm: what each head's outputs go through before the SAE: "none" (the paper's),
+            "center" (minus the head's mean over the trial's prompts) or "standardize" (centred,
+            then divided by the head's mean centred norm). Centring makes the SAE model how a
+            head's output varies across prompts instead of which head wrote it; scaling stops
+            the largest heads from owning the reconstruction loss. Labels are never used.
         dict_size, l1, lr, epochs: the SAE's (see :class:`SAEConfig`).
         edge_top_fraction: share of head pairs counted for the edge-derived head score.
         truth_share / truth_top: how patching effects are binarised (see
@@ -50,6 +69,7 @@ class CircuitConfig:
     sae_examples: int = 10
     subsample: float = 0.5
     position: str = "mean"
+    head_norm: str = "none"
     dict_size: int = 200
     l1: float = 0.02
     lr: float = 1e-3
@@ -68,6 +88,10 @@ class CircuitConfig:
             raise HeadhuntError(f"subsample must be in (0, 1], got {self.subsample}")
         if self.position not in ("mean", "last"):
             raise HeadhuntError(f"unknown position {self.position!r} (use mean or last)")
+        if self.head_norm not in HEAD_NORMS:
+            raise HeadhuntError(
+                f"unknown head_norm {self.head_norm!r} (use {', '.join(HEAD_NORMS)})"
+            )
         if (self.truth_share is None) == (self.truth_top is None):
             raise HeadhuntError("set exactly one of truth_share and truth_top")
 
@@ -156,12 +180,13 @@ def run_trial(
     subset = np.sort(rng.choice(n, size=k, replace=False))
     prompts = np.concatenate([subset, subset + n])
     n_train = min(config.sae_examples, len(prompts))
-    train_idx = np.sort(rng.choice(prompts, size=n_train, replace=False))
+    train_at = np.sort(rng.choice(len(prompts), size=n_train, replace=False))
     t0 = time.perf_counter()
-    x_train = acts[torch.as_tensor(train_idx)].reshape(-1, acts.shape[-1])
+    x = normalize_heads(acts[torch.as_tensor(prompts)], config.head_norm)
+    x_train = x[torch.as_tensor(train_at)].reshape(-1, acts.shape[-1])
     result = train_sae(x_train, config.sae_config(acts.shape[-1], seed))
     t1 = time.perf_counter()
-    codes = result.sae.codes(acts[torch.as_tensor(prompts)]).numpy()
+    codes = result.sae.codes(x).numpy()
     pos, neg = codes[:k], codes[k:]
     ns = scoring.node_scores(pos, neg)
     edges = scoring.edge_scores(pos, neg)
@@ -187,7 +212,7 @@ def run_trial(
     return Trial(
         index=t,
         pairs=subset.tolist(),
-        train_examples=train_idx.tolist(),
+        train_examples=prompts[train_at].tolist(),
         node=ns.count,
         node_norm=ns.normalised,
         edge=edge,

@@ -63,6 +63,26 @@ def load_pairs(
     )
 
 
+def _reuse_truth(src: str, model: HookedModel, run_dir: RunDir, params: dict[str, Any]) -> None:
+    """Copy the ground truth and EAP of a finished run made on the same model and pairs."""
+    import shutil
+
+    done = load_run(src)
+    if done.method != "circuits":
+        raise HeadhuntError(f"{src} is a {done.method} run, not a circuits run")
+    if done.manifest.get("model") != model.describe():
+        raise HeadhuntError(f"{src} was made with another model")
+    mine = run_dir.path("pairs.jsonl").read_text()
+    if (done.path / "pairs.jsonl").read_text() != mine:
+        raise HeadhuntError(f"{src} used other prompt pairs (task, --pairs and --seed must match)")
+    for name, wanted in (("patching.json", params["truth"]), ("eap.safetensors", params["eap"])):
+        if not wanted or run_dir.path(name).is_file():
+            continue
+        if not (done.path / name).is_file():
+            raise HeadhuntError(f"{src} has no {name}")
+        shutil.copy(done.path / name, run_dir.path(name))
+
+
 def _patching(
     model: HookedModel, pairs, run: RunDir, batch_size: int, progress: bool
 ) -> dict[str, Any]:
@@ -83,15 +103,19 @@ def _patching(
     return out
 
 
-def _eap(model: HookedModel, pairs, run: RunDir, batch_size: int) -> tuple[np.ndarray, float]:
+def _eap(
+    model: HookedModel, pairs, run: RunDir, batch_size: int, progress: bool
+) -> tuple[np.ndarray, float]:
     from safetensors.torch import load_file, save_file
 
     path = run.path("eap.safetensors")
     if path.is_file():
         got = load_file(str(path))
-        return got["per_pair"].numpy(), float(got["seconds"])
+        return got["per_pair"].flatten(1).numpy(), float(got["seconds"])
     t0 = time.perf_counter()
-    per_pair = patching.attribution_patching(model, pairs, batch_size=batch_size, per_pair=True)
+    per_pair = patching.attribution_patching(
+        model, pairs, batch_size=batch_size, per_pair=True, progress=progress
+    )
     seconds = time.perf_counter() - t0
     save_file({"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}, str(path))
     return per_pair.flatten(1).numpy(), seconds
@@ -104,6 +128,7 @@ def run(
     config: CircuitConfig,
     *,
     task_file: str | None = None,
+    truth_from: str | None = None,
     batch_size: int = 8,
     circuit_size: int | None = None,
     circuit_threshold: float | None = None,
@@ -117,6 +142,8 @@ def run(
         for p in pairs.pairs:
             f.write(json.dumps(p.to_dict()) + "\n")
     timings: dict[str, float] = {}
+    if truth_from:
+        _reuse_truth(truth_from, model, run_dir, params)
 
     t0 = time.perf_counter()
     acts = activations.head_outputs(
@@ -137,7 +164,7 @@ def run(
         truth = roc.binarize_truth(effect, share=config.truth_share, top=config.truth_top).ravel()
     eap_pairs = None
     if params["eap"]:
-        eap_pairs, timings["eap"] = _eap(model, pairs, run_dir, batch_size)
+        eap_pairs, timings["eap"] = _eap(model, pairs, run_dir, batch_size, progress)
 
     def keep(trial: Trial) -> None:
         rec = trial.record()
@@ -220,6 +247,7 @@ def run(
         "circuit": circuit,
         "truth_heads": truth_heads,
         "plots": plot_notes,
+        "truth_from": str(Path(truth_from).resolve()) if truth_from else None,
     }
     if "patching" in timings:
         extra["speedup_vs_patching"] = timings["patching"] / timings["sae_method"]

@@ -37,6 +37,13 @@ def add_parser(sub) -> None:
         "--subsample", type=float, default=0.5, help="share of the pairs each trial scores on"
     )
     g.add_argument("--position", default="mean", choices=["mean", "last"])
+    g.add_argument(
+        "--head-norm",
+        default="none",
+        choices=["none", "center", "standardize"],
+        help="per-head preprocessing before the SAE: none (the paper's), center, or standardize "
+        "(centre, then scale each head to unit mean norm; not in the paper)",
+    )
     g.add_argument("--dict-size", type=int, default=200)
     g.add_argument("--l1", type=float, help="sparsity coefficient (0.05 for docstring, else 0.02)")
     g.add_argument("--lr", type=float, default=1e-3)
@@ -45,6 +52,12 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("ground truth and circuit")
     g.add_argument("--no-truth", action="store_true", help="skip activation patching")
     g.add_argument("--no-eap", action="store_true", help="skip attribution patching")
+    g.add_argument(
+        "--truth-from",
+        metavar="RUN",
+        help="reuse the patching ground truth and EAP of a finished run on the same model and "
+        "prompt pairs (e.g. to compare SAE settings without patching again)",
+    )
     g.add_argument(
         "--truth-share",
         type=float,
@@ -90,6 +103,7 @@ def parameters(args: argparse.Namespace) -> dict:
         "sae_examples": args.sae_examples,
         "subsample": args.subsample,
         "position": args.position,
+        "head_norm": args.head_norm,
         "dict_size": args.dict_size,
         "l1": l1,
         "lr": args.lr,
@@ -129,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         params,
         config,
         task_file=args.task_file,
+        truth_from=args.truth_from,
         batch_size=args.batch_size,
         circuit_size=args.circuit_size,
         circuit_threshold=args.circuit_threshold,

@@ -175,3 +175,72 @@ def test_embedded_model_sae_only(tmp_path, smol, monkeypatch, capsys):
     assert rc == 0
     scores = load_run(out).scores()
     assert scores.matrix("sae_node").shape == (30, 9)
+
+
+def test_interrupted_run_resumes_from_saved_work(tmp_path, task_file, use_planted):
+    import shutil
+
+    first = tmp_path / "first"
+    args = ["--task-file", str(task_file), "--truth-top", "2", *FAST]
+    assert main(["circuits", *args, "--out", str(first)]) == 0
+    # fake an interruption after the ground truth, EAP and trial 0 of a second run
+    second = tmp_path / "second"
+    partial = tmp_path / "second.partial"
+    partial.mkdir()
+    for name in ("parameters.json", "patching.json", "eap.safetensors"):
+        shutil.copy(first / name, partial / name)
+    trial0 = (first / "trials.jsonl").read_text().splitlines()[0]
+    (partial / "trials.jsonl").write_text(trial0 + "\n")
+    assert main(["circuits", *args, "--out", str(second), "--resume"]) == 0
+    a, b = load_run(first), load_run(second)
+    assert b.manifest["timings"]["patching"] == a.manifest["timings"]["patching"]  # reused
+    assert b.manifest["timings"]["eap"] == a.manifest["timings"]["eap"]
+    lines = (second / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and lines[0] == trial0
+    assert (
+        json.loads(lines[1])["node"]
+        == json.loads((first / "trials.jsonl").read_text().splitlines()[1])["node"]
+    )  # trial 1 recomputed with the same seed gives the same scores
+    assert a.json("auc.json")["methods"] == b.json("auc.json")["methods"]
+
+
+def test_truth_from_another_run(tmp_path, task_file, use_planted, planted, capsys):
+    first = tmp_path / "first"
+    args = ["--task-file", str(task_file), "--truth-top", "2", *FAST]
+    assert main(["circuits", *args, "--out", str(first)]) == 0
+    second = tmp_path / "second"
+    rc = main(
+        [
+            "circuits",
+            *args,
+            "--out",
+            str(second),
+            "--truth-from",
+            str(first),
+            "--head-norm",
+            "standardize",
+        ]
+    )
+    assert rc == 0
+    a, b = load_run(first), load_run(second)
+    assert b.manifest["timings"]["patching"] == a.manifest["timings"]["patching"]
+    assert b.manifest["parameters"]["head_norm"] == "standardize"
+    assert b.manifest["truth_from"] == str(first.resolve())
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(json.dumps(p.to_dict()) for p in planted.pairs(10, seed=9).pairs))
+    capsys.readouterr()
+    rc = main(
+        [
+            "circuits",
+            "--task-file",
+            str(other),
+            "--truth-top",
+            "2",
+            *FAST,
+            "--out",
+            str(tmp_path / "third"),
+            "--truth-from",
+            str(first),
+        ]
+    )
+    assert rc == 2 and "other prompt pairs" in capsys.readouterr().err

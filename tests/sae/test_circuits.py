@@ -75,3 +75,22 @@ def test_config_validation():
     assert CircuitConfig.from_dict({**cfg.to_dict(), "unrelated": 1}) == cfg
     with pytest.raises(HeadhuntError, match="positives then"):
         run_trials(torch.zeros(3, 2, 4), cfg, progress=False)
+
+
+def test_normalize_heads():
+    from headhunt.sae.circuits import normalize_heads
+
+    x = torch.randn(10, 3, 4) * torch.tensor([1.0, 10.0, 100.0])[None, :, None] + 5
+    assert normalize_heads(x, "none") is x
+    c = normalize_heads(x, "center")
+    assert torch.allclose(c.mean(0), torch.zeros(3, 4), atol=1e-4)
+    s = normalize_heads(x, "standardize")
+    assert torch.allclose(s.norm(dim=-1).mean(0), torch.ones(3), atol=1e-5)
+
+
+def test_standardized_heads_still_find_the_signal():
+    acts = _acts()
+    cfg = CircuitConfig(trials=1, epochs=200, dict_size=32, subsample=1.0, head_norm="standardize")
+    (t,) = run_trials(acts, cfg, progress=False)
+    assert t.node[[0, 2, 4]].max() == 0
+    assert t.node[[1, 3]].min() >= 1
