@@ -1,0 +1,257 @@
+"""Pages about chosen heads: Head detail and Interventions (on-demand model computations)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from headhunt import inspect as hi
+from headhunt.app import data
+from headhunt.app.views import Context, chosen_view, no_runs_message, scores_or_error
+from headhunt.errors import HeadhuntError
+
+DEFAULT_PROMPT = (
+    "The secret passkey for the blue vault is 482913. Remember it. The weather was mild and "
+    "the market was busy. What is the secret passkey for the blue vault? It is"
+)
+
+
+def model_spec(ctx: Context) -> str:
+    """The model the on-demand views load: the run's, unless the sidebar overrides it."""
+    return st.session_state.get("model_override") or str(
+        ctx.entry.run.manifest.get("model", {}).get("spec", "smollm2-135m")
+    )
+
+
+def _load_model(spec: str):
+    try:
+        return data.model(spec)
+    except HeadhuntError as e:
+        st.error(f"cannot load the model `{spec}`: {e}")
+    except Exception as e:  # a model folder can fail in many ways; the page must survive it
+        st.error(f"cannot load the model `{spec}`: {type(e).__name__}: {e}")
+    return None
+
+
+# --------------------------------------------------------------------------- Head detail
+
+
+def head_detail_page(ctx: Context) -> None:
+    if ctx.entry is None:
+        st.header("Head detail")
+        no_runs_message(ctx.root)
+        return
+    layer, head = ctx.layer, ctx.head
+    shape = ctx.entry.run.manifest.get("model", {}) if ctx.entry.run else {}
+    group = max(1, int(shape.get("n_heads", 1)) // max(1, int(shape.get("n_kv_heads", 1) or 1)))
+    st.header(f"Head {layer}-{head}")
+    st.caption(
+        f"layer {layer}, query head {head}, KV head {head // group} of run `{ctx.entry.name}` "
+        f"({ctx.entry.method}); pick another head in the sidebar or on the Heads map."
+    )
+    scores = scores_or_error(ctx.entry)
+    if scores is None:
+        return
+    table = hi.head_table(scores, layer, head)
+    if table.empty:
+        st.warning(f"Run `{ctx.entry.name}` holds no scores for head {layer}-{head}.")
+    else:
+        st.subheader("Scores")
+        st.dataframe(table, hide_index=True)
+    _spread(ctx, layer, head)
+    if ctx.entry.method == "retrieval":
+        _needle(ctx, layer, head)
+    _attention(ctx, layer, head)
+
+
+def _spread(ctx: Context, layer: int, head: int) -> None:
+    import plotly.express as px
+
+    df = data.spread(ctx.entry.path, layer, head)
+    if df.empty:
+        st.caption("This run keeps no per-trial or per-text records for a spread.")
+        return
+    st.subheader("Spread across trials / texts")
+    fig = px.box(
+        df,
+        y="value",
+        facet_col="metric",
+        points="all",
+        hover_data=["unit"],
+        color="counted" if "counted" in df.columns else None,
+    )
+    fig.update_yaxes(matches=None, showticklabels=True)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.removeprefix("metric=")))
+    fig.update_layout(height=360)
+    st.plotly_chart(fig, key="spread")
+    summary = df.groupby("metric")["value"].agg(["count", "mean", "std", "min", "max"])
+    st.dataframe(summary)
+
+
+def _needle(ctx: Context, layer: int, head: int) -> None:
+    import plotly.express as px
+
+    trials = data.needle_trials(ctx.entry.path, layer, head)
+    if trials.empty:
+        return
+    st.subheader("Where its argmax landed: the needle")
+    st.caption(
+        "on_needle = share of the trial's decoding steps whose attention argmax key lay on "
+        "the answer span; score = the retrieval score (argmax on the answer and copied)."
+    )
+    fig = px.bar(
+        trials,
+        x="trial",
+        y="on_needle",
+        color="counted",
+        hover_data=["depth", "length", "answer", "response", "score"],
+    )
+    fig.update_layout(height=320, yaxis_range=[0, 1])
+    st.plotly_chart(fig, key="needle_bars")
+    st.dataframe(trials, hide_index=True)
+
+
+def _attention(ctx: Context, layer: int, head: int) -> None:
+    st.subheader("Attention on a prompt")
+    spec = model_spec(ctx)
+    text = st.text_area("prompt (short: at most 512 tokens)", DEFAULT_PROMPT, key="attn_prompt")
+    marks = st.checkbox("mark sink tokens (sinks analyzer)", value=True, key="attn_sinks")
+    if st.button("Compute attention", key="attn_go"):
+        model = _load_model(spec)
+        if model is None:
+            return
+        try:
+            with st.spinner("one forward pass ..."), data.model_lock(spec):
+                att = hi.head_attention(model, text, layer, head)
+                sinks = hi.sink_marks(model, att.ids, layer, head) if marks else None
+        except HeadhuntError as e:
+            st.error(str(e))
+            return
+        st.session_state["attention"] = ((spec, layer, head, text), att, sinks)
+    got = st.session_state.get("attention")
+    if got is None or got[0] != (spec, layer, head, text):
+        st.caption(f"Computed on demand with `{spec}` when you press the button.")
+        return
+    _, att, sinks = got
+    n = len(att.tokens)
+    query = st.slider("query position", 0, n - 1, n - 1, key="attn_query") if n > 1 else 0
+    row = att.row(query)
+    st.markdown(
+        f"Attention of query {query} (`{att.tokens[query]!r}`) over the keys; the query is "
+        "outlined" + (", sink tokens underlined in red" if sinks is not None else "") + "."
+    )
+    sink_pos = sinks.positions if sinks is not None else []
+    first = sinks is not None and sinks.first_sink_mass > sinks.tau
+    st.html(hi.shade_tokens_html(att.tokens, row, query=query, sinks=sink_pos, first_sink=first))
+    order = row.argsort()[::-1][:8]
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "position": order,
+                "token": [repr(att.tokens[i]) for i in order],
+                "attention": row[order],
+            }
+        ),
+        hide_index=True,
+    )
+    if sinks is not None:
+        st.caption(
+            f"first-token sink mass s_0 = {sinks.first_sink_mass:.3f}; hidden sinks (s_j > "
+            f"{sinks.tau}, seen by >= {sinks.min_queries} queries): "
+            + (", ".join(f"{p} ({att.tokens[p]!r})" for p in sinks.positions) or "none")
+        )
+
+
+# --------------------------------------------------------------------------- Interventions
+
+
+def interventions_page(ctx: Context) -> None:
+    st.header("Interventions")
+    if ctx.entry is None:
+        no_runs_message(ctx.root)
+        return
+    scores = scores_or_error(ctx.entry)
+    if scores is None:
+        return
+    shape = ctx.entry.run.manifest.get("model", {})
+    n_layers = int(shape.get("n_layers") or scores.df["layer"].max() + 1)
+    n_heads = int(shape.get("n_heads") or scores.df["head"].max() + 1)
+    st.caption(
+        "Mask heads (zero their query: uniform attention, or zero their output) or calibrate "
+        "them with ACT, and compare the model's answer to a needle-in-a-haystack prompt."
+    )
+    options: list[str] = []
+    values: dict[str, float] = {}
+    views = hi.metric_views(scores)
+    if views:
+        view = chosen_view(ctx.entry, views, "rank heads by")
+        top = hi.top_heads(scores, view, 20)
+        options = [f"{r.layer}-{r.head}" for r in top.itertuples()]
+        values = {f"{r.layer}-{r.head}": r.value for r in top.itertuples()}
+    picked = st.multiselect(
+        "heads from the run's top heads",
+        options,
+        default=options[: min(3, len(options))],
+        format_func=lambda h: f"{h} ({values[h]:.3g})",
+        key="iv_top",
+    )
+    typed = st.text_input("or type heads (LAYER-HEAD, comma separated)", "", key="iv_typed")
+    try:
+        heads = list(dict.fromkeys(hi.parse_heads(",".join([*picked, typed]), n_layers, n_heads)))
+    except HeadhuntError as e:
+        st.error(str(e))
+        return
+    c1, c2, c3 = st.columns(3)
+    how = c1.radio("intervention", ["mask", "act"], format_func=_how_label, key="iv_how")
+    mode = c2.selectbox("mask mode", ["query", "output"], key="iv_mode", disabled=how != "mask")
+    beta = c3.slider("ACT beta", 0.0, 1.0, 0.4, 0.05, key="iv_beta", disabled=how != "act")
+    from headhunt.heads.needles import NEEDLES
+
+    c1, c2, c3, c4 = st.columns(4)
+    needle = c1.selectbox("needle", list(NEEDLES), key="iv_needle")
+    length = c2.number_input("prompt tokens", 64, 2000, 400, 50, key="iv_length")
+    depth = c3.slider("needle depth %", 0, 100, 50, 5, key="iv_depth")
+    seed = c4.number_input("seed", 0, 10_000, 0, key="iv_seed")
+    spec = model_spec(ctx)
+    label = ", ".join(f"{a}-{b}" for a, b in heads) or "no heads"
+    if st.button(f"Answer before and after ({label})", key="iv_go", disabled=not heads):
+        model = _load_model(spec)
+        if model is None:
+            return
+        try:
+            with st.spinner("decoding twice ..."), data.model_lock(spec):
+                trial = hi.needle_trial(
+                    model, length=int(length), depth=float(depth), needle=needle, seed=int(seed)
+                )
+                before, after = hi.compare_answers(
+                    model, trial, heads, how, mask_mode=mode, act_beta=float(beta)
+                )
+        except HeadhuntError as e:
+            st.error(str(e))
+            return
+        tail = model.tokenizer.decode(trial.input_ids[-40:])
+        st.session_state["intervention"] = (spec, trial.id, trial.answer, tail, before, after)
+    got = st.session_state.get("intervention")
+    if got is None:
+        st.caption(f"Runs `{spec}` on demand (two greedy decodes) when you press the button.")
+        return
+    spec_, tid, answer, tail, before, after = got
+    st.markdown(f"**Trial** `{tid}` on `{spec_}`; the needle's answer: `{answer}`")
+    left, right = st.columns(2)
+    for col, a, title in ((left, before, "Before"), (right, after, "After")):
+        col.markdown(f"#### {title}: {a.condition}")
+        if a.heads:
+            col.caption("heads " + ", ".join(f"{x}-{y}" for x, y in a.heads))
+        col.code(a.text or "(empty answer)", language=None)
+        col.metric(
+            "answer recall (ROUGE-1)",
+            f"{a.recall:.2f}",
+            "correct" if a.correct else "wrong",
+            delta_color="off",
+        )
+    with st.expander("end of the prompt"):
+        st.code(tail, language=None)
+
+
+def _how_label(how: str) -> str:
+    return {"mask": "mask heads", "act": "ACT calibration"}[how]

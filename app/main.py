@@ -1,0 +1,107 @@
+"""The headhunt dashboard: `headhunt app --runs DIR`, or `streamlit run app/main.py -- --runs DIR`.
+
+Pages: Runs, Heads map, Head detail, Interventions, Circuits (a sidebar radio). The chosen
+page, run and head live in the sidebar (so they persist across pages) and in the URL's query
+parameters (so a view can be linked to). No analysis happens here: pages lay out what
+:mod:`headhunt.inspect` and the library return.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from headhunt.app import data
+from headhunt.app.head import head_detail_page, interventions_page
+from headhunt.app.views import PAGES, Context, circuits_page, heads_map_page, runs_page
+from headhunt.errors import HeadhuntError
+
+RENDER = {
+    "Runs": runs_page,
+    "Heads map": heads_map_page,
+    "Head detail": head_detail_page,
+    "Interventions": interventions_page,
+    "Circuits": circuits_page,
+}
+
+
+def _from_url() -> None:
+    """Once per session: take page, run and head from the URL (?page=...&run=...&layer=..)."""
+    if st.session_state.get("_url_read"):
+        return
+    st.session_state["_url_read"] = True
+    qp = st.query_params
+    if qp.get("page") in PAGES:
+        st.session_state["page"] = qp["page"]
+    for key in ("layer", "head"):
+        if str(qp.get(key, "")).isdigit():
+            st.session_state[key] = int(qp[key])
+    if qp.get("run"):
+        st.session_state["_url_run"] = qp["run"]
+
+
+def _sidebar() -> Context:
+    sb = st.sidebar
+    sb.title("headhunt")
+    if "runs_root" not in st.session_state:
+        st.session_state["runs_root"] = data.default_runs_root()
+    root = sb.text_input("runs folder", key="runs_root")
+    if sb.button("Reload runs"):
+        data.scan.clear()
+    entries = data.scan(root)
+    ok = [e for e in entries if e.ok]
+    paths = [str(e.path) for e in ok]
+    names = {str(e.path): e.name for e in ok}
+    wanted = st.session_state.pop("_url_run", None)
+    if wanted is not None:
+        st.session_state["run"] = next((p for p in paths if names[p] == wanted), None)
+    if st.session_state.get("run") not in paths:
+        st.session_state["run"] = paths[0] if paths else None
+    path = sb.selectbox(
+        "run",
+        paths,
+        format_func=lambda p: f"{names[p]} ({next(e.method for e in ok if str(e.path) == p)})",
+        key="run",
+    )
+    bad = len(entries) - len(ok)
+    if bad:
+        sb.caption(f"{bad} run folder(s) cannot be shown: see the Runs page.")
+    page = sb.radio("page", PAGES, key="page")
+    entry = next((e for e in ok if str(e.path) == path), None)
+    layer = head = 0
+    if entry is not None:
+        model = entry.run.manifest.get("model", {})
+        n_layers, n_heads = int(model.get("n_layers") or 1), int(model.get("n_heads") or 1)
+        for key, n in (("layer", n_layers), ("head", n_heads)):
+            if not 0 <= int(st.session_state.get(key, 0)) < n:
+                st.session_state[key] = 0
+        c1, c2 = sb.columns(2)
+        layer = c1.number_input("layer", 0, n_layers - 1, step=1, key="layer")
+        head = c2.number_input("head", 0, n_heads - 1, step=1, key="head")
+        sb.text_input(
+            "model for on-demand views",
+            key="model_override",
+            placeholder=str(model.get("spec", "")),
+            help="leave empty to use the run's model",
+        )
+        st.query_params.update(page=page, run=entry.name, layer=str(layer), head=str(head))
+    else:
+        st.query_params.update(page=page)
+    return Context(root=root, entries=entries, entry=entry, layer=int(layer), head=int(head))
+
+
+def main() -> None:
+    st.set_page_config(page_title="headhunt", page_icon=":mag:", layout="wide")
+    _from_url()
+    ctx = _sidebar()
+    page = st.session_state.get("page", PAGES[0])
+    try:
+        RENDER[page](ctx)
+    except HeadhuntError as e:
+        st.error(str(e))
+    except Exception as e:  # one broken file must not take the dashboard down
+        st.error(f"This view failed: {type(e).__name__}: {e}")
+        with st.expander("details"):
+            st.exception(e)
+
+
+main()
