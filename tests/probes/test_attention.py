@@ -12,13 +12,13 @@ from headhunt.probes.capture import capture_qk, greedy_decode
 
 @pytest.mark.parametrize("base", ["sdpa", "eager"])
 def test_hooked_model_matches_plain_transformers(tiny, plain_model, base):
-    ids = torch.randint(5, 60, (2, 33))
+    ids = torch.randint(5, 60, (2, 33), device=tiny.device)
     for m in tiny.modules:
         m.headhunt_base = base
     try:
         with torch.no_grad():
             ours = tiny.model(ids).logits
-            ref = plain_model(tiny)(ids).logits
+            ref = plain_model(tiny).to(tiny.device)(ids).logits
     finally:
         for m in tiny.modules:
             m.headhunt_base = "sdpa"
@@ -26,22 +26,24 @@ def test_hooked_model_matches_plain_transformers(tiny, plain_model, base):
 
 
 def test_capture_qk_is_post_rotary(tiny, plain_model):
-    ids = torch.randint(5, 60, (1, 17))
+    ids = torch.randint(5, 60, (1, 17), device=tiny.device)
     qk = capture_qk(tiny, ids)
     assert sorted(qk) == [0, 1]
     q, k = qk[0]
     assert q.shape == (1, 4, 17, 16) and k.shape == (1, 2, 17, 16)
     # Recompute layer 0's attention from the captured q, k: it must match eager's weights.
-    ref = plain_model(tiny)
+    ref = plain_model(tiny).to(tiny.device)
     with torch.no_grad():
         weights = ref(ids, output_attentions=True).attentions[0]
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k.repeat_interleave(2, 1)) / 4.0
-    scores = scores.masked_fill(torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf"))
+    scores = scores.masked_fill(
+        torch.ones(17, 17, dtype=torch.bool, device=tiny.device).triu(1), float("-inf")
+    )
     torch.testing.assert_close(scores.softmax(-1), weights, atol=1e-5, rtol=1e-4)
 
 
 def test_decode_with_cache_matches_full_forward(tiny):
-    ids = torch.randint(5, 60, (2, 21))
+    ids = torch.randint(5, 60, (2, 21), device=tiny.device)
     dec = greedy_decode(tiny, ids, max_new_tokens=5, capture_argmax=True)
     assert dec.argmax.shape == (5, 2, 2, 4)
     full = torch.cat([ids, dec.tokens], 1)
@@ -58,13 +60,13 @@ def test_masked_query_gives_uniform_attention(tiny):
             seen[call.layer] = (output.clone(), call.value.clone())
             return output
 
-    ids = torch.randint(5, 60, (1, 9))
+    ids = torch.randint(5, 60, (1, 9), device=tiny.device)
     with mask_heads(tiny, [(1, 3)]), tiny.hooks(Out(), layers=[1]):
         tiny.forward(ids)
     out, value = seen[1]
     # Head 3 uses KV head 1; with a zero query each row averages the values it can see.
     v = value[0, 1]
-    expected = torch.cumsum(v, 0) / torch.arange(1, 10)[:, None]
+    expected = torch.cumsum(v, 0) / torch.arange(1, 10, device=v.device)[:, None]
     torch.testing.assert_close(out[0, :, 3], expected, atol=1e-5, rtol=1e-4)
     # Other heads are untouched, and the hook is gone after the block.
     with tiny.hooks(Out(), layers=[1]):
