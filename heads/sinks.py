@@ -8,13 +8,15 @@ Definitions (per text, per layer and query head):
 
 - ``s_j`` (importance of key j): the mean attention key j receives from the queries that can
   see it, ``sum_i A[i, j] / (N - j)`` (ACT / Gu et al.; the kernels' ``col_mean``).
-- sink: a key with ``s_j > tau`` (default 0.1) **and** seen by at least ``min_queries`` queries
-  (default 32). The second condition is ours: with the ``N - j`` normalisation the last few
-  keys, seen by a handful of queries, pass ``tau`` in most heads just because a row's recent
-  tokens take a share of its attention; on the embedded model that made every text's last
-  words look like sinks (shared/ANCHORS.md). Requiring 32 queries keeps a key from being
-  called a sink unless its share is sustained; it also means keys in the last 31 positions
-  of a text are never judged.
+- sink: a key with ``s_j > tau`` (default 0.1) **and** seen by at least
+  ``max(min_queries, min_query_share * N)`` queries (defaults 32 and 0.1). The second
+  condition is ours: with the ``N - j`` normalisation the last keys, seen by a handful of
+  queries, pass ``tau`` in most heads just because a row's recent tokens take a share of its
+  attention; on the embedded model that made every text's last words look like sinks
+  (shared/ANCHORS.md). With 32 queries alone, content words in the last ~50 positions of a
+  1k-token text (the current topic, e.g. " ovens") still passed in a few heads; the 10%
+  share removes them. The price: keys in the last 10% of a text (at least 31 positions)
+  are never judged.
 - first-token sink mass: ``s_0``, the mean attention the first token (BOS) receives.
 - hidden sinks: sinks at positions >= 1. Hidden-sink mass: the attention on a head's hidden
   sinks, averaged over all of the text's queries (``sum_{j in hidden} col_sum_j / N``).
@@ -27,6 +29,7 @@ Definitions (per text, per layer and query head):
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -50,6 +53,7 @@ class SinkConfig:
     Attributes:
         tau: a key is a sink of a head when its ``s_j`` exceeds this (ACT's 0.1).
         min_queries: a key must be seen by at least this many queries to be judged.
+        min_query_share: ... and by at least this share of the text's queries.
         eps: the Sink_eps threshold on ``s_0`` (Gu et al.'s 0.3).
         eps_tokens: prefix length T on which Sink_eps is measured (Gu et al.'s 64).
         massive_top: how many top |activations| to keep per layer.
@@ -57,6 +61,7 @@ class SinkConfig:
 
     tau: float = 0.1
     min_queries: int = 32
+    min_query_share: float = 0.1
     eps: float = 0.3
     eps_tokens: int = 64
     massive_top: int = 3
@@ -68,6 +73,12 @@ class SinkConfig:
             raise HeadhuntError(f"eps must be in (0, 1), got {self.eps}")
         if self.min_queries < 1 or self.eps_tokens < 2 or self.massive_top < 1:
             raise HeadhuntError("min_queries, massive_top must be >= 1 and eps_tokens >= 2")
+        if not 0.0 <= self.min_query_share < 1.0:
+            raise HeadhuntError(f"min_query_share must be in [0, 1), got {self.min_query_share}")
+
+    def min_count(self, n: int) -> int:
+        """Queries a key of an n-token text needs behind it to be judged."""
+        return max(self.min_queries, math.ceil(self.min_query_share * n))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,7 +226,7 @@ def analyze_text(
     with massive, _last_position_logits(model):
         stats = capture_attention_stats(model, ids[None], key_stats=True)
     count = torch.arange(n, 0, -1, dtype=torch.float32)  # queries that see key j: n - j
-    judged = count >= cfg.min_queries
+    judged = count >= cfg.min_count(n)
     s0, hidden_count, hidden_mass, sinks = [], [], [], []
     for layer in range(model.n_layers):
         st = stats[layer]
@@ -357,7 +368,7 @@ def _token_summary(
     occurrences: dict[str, int] = {}
     for t in texts:
         n = len(t.token_ids)
-        for pos in range(1, max(1, n - cfg.min_queries + 1)):  # positions that can be judged
+        for pos in range(1, max(1, n - cfg.min_count(n) + 1)):  # positions that can be judged
             tok = decode(t.token_ids[pos])
             occurrences[tok] = occurrences.get(tok, 0) + 1
     cols = ["token", "sink_calls", "positions", "occurrences", "rate", "heads"]

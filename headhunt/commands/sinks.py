@@ -23,7 +23,8 @@ DESCRIPTION = """Find every head's attention sinks (ACT, Yu et al. 2024; Gu et a
 For each head, s_j = the mean attention key j receives from the queries that see it (kernel
 column statistics: no N x N matrix, so texts can fill the model's context). A sink has
 s_j > --tau and at least --min-queries queries behind it (so the last keys of a text, seen
-by a few queries, are not called sinks). Reports the first-token sink (s_0), hidden sinks
+by a few queries, are not called sinks; nor is any key in the last --min-query-share of a
+text). Reports the first-token sink (s_0), hidden sinks
 (sinks after position 0) with their positions and tokens, Sink_eps per layer (share of heads
 with s_0 > --eps on the first --eps-tokens tokens) and massive activations (top |hidden
 value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.parquet
@@ -55,6 +56,12 @@ def add_parser(sub) -> None:
     g.add_argument("--tau", type=float, default=0.1, help="s_j threshold of a sink")
     g.add_argument(
         "--min-queries", type=int, default=32, help="queries that must see a key to judge it"
+    )
+    g.add_argument(
+        "--min-query-share",
+        type=float,
+        default=0.1,
+        help="... and at least this share of the text's queries (the last 10%% is not judged)",
     )
     g.add_argument("--eps", type=float, default=0.3, help="Sink_eps threshold on s_0")
     g.add_argument("--eps-tokens", type=int, default=64, help="prefix length T of Sink_eps")
@@ -143,7 +150,11 @@ def run(args: argparse.Namespace) -> int:
     from headhunt.rundir import RunDir, load_run
 
     config = SinkConfig(
-        tau=args.tau, min_queries=args.min_queries, eps=args.eps, eps_tokens=args.eps_tokens
+        tau=args.tau,
+        min_queries=args.min_queries,
+        min_query_share=args.min_query_share,
+        eps=args.eps,
+        eps_tokens=args.eps_tokens,
     )
     require(args.n_texts >= 1, "--n-texts must be at least 1")
     require(args.length is None or args.length >= 2, "--length must be at least 2")

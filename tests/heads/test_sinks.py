@@ -99,13 +99,21 @@ def test_min_queries_rule_stops_the_last_keys_from_passing(tiny, ids):
     # keys pass tau = 0.1 without being sinks (the ANCHORS.md pitfall).
     n = len(ids)
     with tiny.hooks(PlantPreviousToken(1, 1)):
-        loose = summarize([analyze_text(tiny, ids, SinkConfig(min_queries=1))], tiny)
+        loose_cfg = SinkConfig(min_queries=1, min_query_share=0.0)
+        loose = summarize([analyze_text(tiny, ids, loose_cfg)], tiny)
         strict = summarize([analyze_text(tiny, ids, SinkConfig(min_queries=16))], tiny)
+        shared = summarize([analyze_text(tiny, ids, SinkConfig(min_queries=1))], tiny)
     s = loose.sinks[(loose.sinks.layer == 1) & (loose.sinks["head"] == 1)]
     assert sorted(s.position) == list(range(n - 9, n - 1))  # the pitfall is real
     s = strict.sinks[(strict.sinks.layer == 1) & (strict.sinks["head"] == 1)]
     assert len(s) == 0
     assert (strict.sinks.position <= n - 16).all()
+    # The share rule alone (10% of n: 8 queries) keeps only the keys seen by 8 or 9 queries.
+    need = SinkConfig(min_queries=1).min_count(n)
+    assert need == 8
+    s = shared.sinks[(shared.sinks.layer == 1) & (shared.sinks["head"] == 1)]
+    assert sorted(s.position) == list(range(n - 9, n - need + 1))
+    assert SinkConfig().min_count(1024) == 103 and SinkConfig().min_count(100) == 32
 
 
 def test_record_round_trip_plot_and_bad_input(tiny, ids, tmp_path: Path):
@@ -132,5 +140,5 @@ def test_embedded_model_first_token_and_hidden_sinks(smol):
     # The first token is a sink in most heads; hidden sinks exist but are rarer.
     assert res.summary["first_sink_share_of_heads"] > 0.5
     assert 0 < res.summary["heads_with_hidden_sinks"] < res.summary["first_sink_share_of_heads"]
-    assert (res.sinks.position <= len(ids) - cfg.min_queries).all()
+    assert (res.sinks.position <= len(ids) - cfg.min_count(len(ids))).all()
     assert res.summary["massive_ratio_max"] > 100  # Sun et al.: values 1000s x the median
