@@ -156,16 +156,15 @@ class RunDir:
             os.fsync(f.fileno())
 
     def records(self, name: str = "records.jsonl") -> list[dict[str, Any]]:
-        """Records appended so far (by this or an interrupted earlier process)."""
-        path = self.work / name
-        if not path.is_file():
-            return []
+        """Records appended so far (by this or an interrupted earlier process); ``name`` may be
+        a glob such as ``"trials*.jsonl"`` to read every shard of a distributed run."""
         out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash mid-write: everything before it is intact
+        for path in sorted(self.work.glob(name)):
+            for line in path.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line cut by a crash mid-write: everything before it is intact
         return out
 
     def finalize(

@@ -145,7 +145,8 @@ def _run(args: argparse.Namespace, dist) -> int:
                 args.threshold,
             )
         return 0
-    work = Path(work)
+    # Every rank reads and appends through the same work folder (rank 0 owns its lifecycle).
+    shared = run_dir or RunDir(out=Path(args.out), work=Path(work), method="retrieval")
 
     seed_everything(args.seed)
     t0 = time.perf_counter()
@@ -154,7 +155,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     t_load = time.perf_counter() - t0
     config.validate(model)
     trials = R.build_trials(model, config)
-    done = {r["id"] for r in _saved(work)}
+    done = {r["id"] for r in shared.records("trials*.jsonl")}
     mine = [
         [t for t in b if t.id not in done]
         for b in dist.share(R.plan_batches(model, trials, config))
@@ -162,7 +163,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     mine = [b for b in mine if b]
     if done and dist.is_main:
         print(f"resuming: {len(done)} of {len(trials)} trials already done")
-    shard = work / (TRIALS if not dist.active else f"trials.rank{dist.rank}.jsonl")
+    shard = TRIALS if not dist.active else f"trials.rank{dist.rank}.jsonl"
     t1 = time.perf_counter()
     new = R.run_trials(
         model,
@@ -170,7 +171,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         config,
         batches=mine,
         progress=dist.is_main,
-        on_record=lambda r: _append(shard, r),
+        on_record=lambda r: shared.append_record(r, shard),
     )
     t_trials = time.perf_counter() - t1
     gathered = dist.gather(new)
@@ -178,13 +179,13 @@ def _run(args: argparse.Namespace, dist) -> int:
     if not dist.is_main:
         return 0
 
-    by_id = {r["id"]: r for r in _saved(work)}
+    by_id = {r["id"]: r for r in shared.records("trials*.jsonl")}
     by_id.update({r["id"]: r for part in gathered for r in part})
     records = [by_id[t.id] for t in trials]
-    for f in work.glob("trials*.jsonl"):
+    for f in run_dir.work.glob("trials*.jsonl"):
         f.unlink()
     for r in records:  # one file, in trial order, however the work was split or resumed
-        _append(work / TRIALS, r)
+        run_dir.append_record(r, TRIALS)
     scores = R.aggregate(records, model)
     scores.to_parquet(run_dir.path("scores.parquet"))
     run_dir.path("retrieval_heads.json").write_text(
@@ -224,30 +225,6 @@ def _run(args: argparse.Namespace, dist) -> int:
     show(run_.scores(), run_.manifest, args.top, args.threshold)
     print(f"run directory: {out}")
     return 0
-
-
-def _saved(work) -> list[dict]:
-    """Trials finished by earlier or interrupted runs, from every shard file."""
-    import json
-
-    out = []
-    for f in sorted(work.glob("trials*.jsonl")):
-        for line in f.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash: the ones before it are intact
-    return out
-
-
-def _append(path, record: dict) -> None:
-    import json
-    import os
-
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def show(scores, manifest, top: int, threshold: float) -> None:
