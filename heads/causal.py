@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
+
+from headhunt.errors import HeadhuntError
 from headhunt.heads.masking import HeadMask, MaskMode
 from headhunt.heads.needles import Trial, rouge1_recall
 from headhunt.probes.capture import greedy_decode
 from headhunt.probes.hooked import HookedModel
-from tqdm.auto import tqdm
-
-from headhunt.errors import HeadhuntError
 
 Head = tuple[int, int]
 

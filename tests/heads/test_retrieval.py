@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from headhunt.heads.needles import MAGIC, NEEDLES
 from headhunt.heads.retrieval import (
     RetrievalConfig,
