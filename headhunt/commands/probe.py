@@ -10,7 +10,18 @@ TARGETS = ("ngram", "needle", "mqar", "jsonl")
 DEFAULT_TEXTS = {"ngram": 300, "needle": 200, "mqar": 300}
 DEFAULT_LENGTH = {"ngram": 96, "needle": 256}
 # Options that change nothing in the results: a resumed run may change them.
-NOT_PARAMETERS = {"out", "resume", "force", "debug", "func", "command", "batch_size", "drop_states"}
+# (argv is the CLI's own copy of the command line.)
+NOT_PARAMETERS = {
+    "out",
+    "resume",
+    "force",
+    "debug",
+    "func",
+    "command",
+    "argv",
+    "batch_size",
+    "drop_states",
+}
 
 
 def add_parser(sub) -> None:
