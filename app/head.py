@@ -212,6 +212,10 @@ def interventions_page(ctx: Context) -> None:
     length = c2.number_input("prompt tokens", 64, 2000, 400, 50, key="iv_length")
     depth = c3.slider("needle depth %", 0, 100, 50, 5, key="iv_depth")
     seed = c4.number_input("seed", 0, 10_000, 0, key="iv_seed")
+    control = st.checkbox(
+        "also intervene on as many random heads (a control: does any set of heads do this?)",
+        key="iv_control",
+    )
     spec = model_spec(ctx)
     label = ", ".join(f"{a}-{b}" for a, b in heads) or "no heads"
     if st.button(f"Answer before and after ({label})", key="iv_go", disabled=not heads):
@@ -223,34 +227,31 @@ def interventions_page(ctx: Context) -> None:
                 trial = hi.needle_trial(
                     model, length=int(length), depth=float(depth), needle=needle, seed=int(seed)
                 )
-                before, after = hi.compare_answers(
-                    model, trial, heads, how, mask_mode=mode, act_beta=float(beta)
-                )
+                kw = {"mask_mode": mode, "act_beta": float(beta)}
+                answers = list(hi.compare_answers(model, trial, heads, how, **kw))
+                if control:
+                    rand = hi.random_heads_like(model, heads, seed=int(seed))
+                    answers.append(hi.answer_needle(model, trial, heads=rand, how=how, **kw))
         except HeadhuntError as e:
             st.error(str(e))
             return
         tail = model.tokenizer.decode(trial.input_ids[-40:])
-        st.session_state["intervention"] = (spec, trial.id, trial.answer, tail, before, after)
+        st.session_state["intervention"] = (spec, trial.id, trial.answer, tail, answers)
     got = st.session_state.get("intervention")
     if got is None:
-        st.caption(f"Runs `{spec}` on demand (two greedy decodes) when you press the button.")
+        st.caption(f"Runs `{spec}` on demand (greedy decoding) when you press the button.")
         return
-    spec_, tid, answer, tail, before, after = got
+    spec_, tid, answer, tail, answers = got
     st.markdown(f"**Trial** `{tid}` on `{spec_}`; the needle's answer: `{answer}`")
-    left, right = st.columns(2)
-    for col, a, title in ((left, before, "Before"), (right, after, "After")):
+    titles = ["Before", "After", "Control: random heads"]
+    for col, a, title in zip(st.columns(len(answers)), answers, titles, strict=False):
         col.markdown(f"#### {title}: {a.condition}")
-        if a.heads:
-            col.caption("heads " + ", ".join(f"{x}-{y}" for x, y in a.heads))
-        col.code(a.text or "(empty answer)", language=None)
-        col.metric(
-            "answer recall (ROUGE-1)",
-            f"{a.recall:.2f}",
-            "correct" if a.correct else "wrong",
-            delta_color="off",
-        )
+        col.caption("heads " + (", ".join(f"{x}-{y}" for x, y in a.heads) or "none"))
+        col.code(a.text or "(empty answer)", language=None, wrap_lines=True)
+        verdict = ":green[correct]" if a.correct else ":red[wrong]"
+        col.markdown(f"answer recall (ROUGE-1) **{a.recall:.2f}**: {verdict}")
     with st.expander("end of the prompt"):
-        st.code(tail, language=None)
+        st.code(tail, language=None, wrap_lines=True)
 
 
 def _how_label(how: str) -> str:

@@ -172,6 +172,30 @@ def _on_top_table(top: pd.DataFrame) -> None:
         go_to("Head detail", layer=int(r["layer"]), head=int(r["head"]))
 
 
+def clickable(fig):
+    """Plotly reports no selection for heatmap cells, so lay an invisible marker on every
+    cell: a click selects that marker, and its x/y are the head and the layer."""
+    import plotly.graph_objects as go
+
+    z = fig.data[0].z
+    n_layers, n_heads = len(z), len(z[0])
+    xs = [str(h) for _ in range(n_layers) for h in range(n_heads)]
+    ys = [str(la) for la in range(n_layers) for _ in range(n_heads)]
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="markers",
+            marker={"symbol": "square", "size": 14, "opacity": 0.0},
+            customdata=[v for row in z for v in row],
+            hovertemplate="layer %{y}, head %{x}: %{customdata:.3f}<extra></extra>",
+            showlegend=False,
+        )
+    )
+    fig.update_layout(height=max(460, 22 * n_layers), clickmode="event+select")
+    return fig
+
+
 def chosen_view(entry: hi.RunEntry, views: list[hi.MetricView], label: str = "metric"):
     """A metric picker whose choice survives page changes (kept per run)."""
     labels = [v.label for v in views]
@@ -199,7 +223,7 @@ def heads_map_page(ctx: Context) -> None:
     else:
         view = chosen_view(ctx.entry, views)
         matrix = hi.view_matrix(scores, view)
-        fig = head_heatmap(matrix, f"{view.label}: {ctx.entry.name}", view.metric)
+        fig = clickable(head_heatmap(matrix, f"{view.label}: {ctx.entry.name}", view.metric))
         st.plotly_chart(
             fig,
             on_select=_on_heatmap,

@@ -284,9 +284,9 @@ def head_table(scores: HeadScores, layer: int, head: int) -> pd.DataFrame:
     df = scores.df[scores.df["head"].notna()].copy()
     extra = [c for c in df.columns if c not in COLUMNS]
     group = ["metric", *extra]
-    keyed = df[group].astype(str)  # NaN keys group together
-    df["rank"] = df.groupby([keyed[c] for c in group])["value"].rank(ascending=False, method="min")
-    df["of"] = df.groupby([keyed[c] for c in group])["value"].transform("count")
+    by = df.groupby(group, dropna=False)["value"]  # dropna=False: rows with empty keys group too
+    df["rank"] = by.rank(ascending=False, method="min")
+    df["of"] = by.transform("count")
     mine = df[(df["layer"] == layer) & (df["head"] == head)]
     cols = ["metric", *[c for c in extra if mine[c].notna().any()], "value", "rank", "of"]
     out = mine[cols].reset_index(drop=True)
@@ -482,9 +482,16 @@ def _qk_capture():
 
 
 def head_attention(
-    model, text: str, layer: int, head: int, *, max_tokens: int = 512, bos: bool = True
+    model,
+    prompt: str | Sequence[int],
+    layer: int,
+    head: int,
+    *,
+    max_tokens: int = 512,
+    bos: bool = True,
 ) -> HeadAttention:
-    """Attention probabilities of one head on ``text`` (at most ``max_tokens`` tokens).
+    """Attention probabilities of one head on ``prompt`` (a text, encoded with BOS unless
+    ``bos=False``, or token ids taken as they are), at most ``max_tokens`` tokens.
 
     The full [n, n] map of one head is cheap for a short prompt; it is computed from the
     post-rotary q and k seen by the attention hook and the model's own softmax scale, which
@@ -493,7 +500,10 @@ def head_attention(
     import torch
 
     _check_head(model, layer, head)
-    ids = model.encode(text, bos=bos)
+    if isinstance(prompt, str):
+        ids = model.encode(prompt, bos=bos)
+    else:
+        ids = torch.as_tensor(list(prompt), dtype=torch.long)
     if len(ids) < 1:
         raise HeadhuntError("the prompt is empty")
     if len(ids) > max_tokens:
@@ -708,6 +718,13 @@ def compare_answers(
     return answer_needle(model, trial, **kw), answer_needle(
         model, trial, heads=heads, how=how, **kw
     )
+
+
+def random_heads_like(model, heads: Sequence[Head], seed: int = 0) -> list[Head]:
+    """As many random heads as ``heads``, none of them (the control of a masking check)."""
+    from headhunt.heads.causal import random_heads
+
+    return random_heads(model.n_layers, model.n_heads, len(heads), list(heads), random.Random(seed))
 
 
 def parse_heads(text: str, n_layers: int | None = None, n_heads: int | None = None) -> list[Head]:

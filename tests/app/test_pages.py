@@ -184,11 +184,20 @@ def test_interventions_answer_before_and_after(monkeypatch, runs_root, tiny_fold
     before, after = hi.compare_answers(model, trial, heads, "mask", mask_mode="output")
     assert answers == [before.text or "(empty answer)", after.text or "(empty answer)"]
 
-    # ACT calibration of typed heads; a bad head is a clear message, not a traceback.
+    # ACT calibration, with the random-heads control; a bad head is a clear message.
     at.radio(key="iv_how").set_value("act").run()
+    at.checkbox(key="iv_control").check().run()
     at.button(key="iv_go").click().run()
     clean(at)
-    assert any(m.value.startswith("#### After: ACT beta=0.4") for m in at.markdown)
+    titles = [m.value for m in at.markdown if m.value.startswith("####")]
+    assert titles == [
+        "#### Before: unchanged",
+        "#### After: ACT beta=0.4",
+        "#### Control: random heads: ACT beta=0.4",
+    ]
+    captions = [c.value for c in at.main.caption if c.value.startswith("heads ")]
+    control = hi.parse_heads(captions[-1].removeprefix("heads "))
+    assert len(control) == len(heads) and not set(control) & set(heads)
     at.text_input(key="iv_typed").set_value("9-9").run()
     assert "outside the model" in at.error[0].value
 
