@@ -50,13 +50,13 @@ class Recorder(AttentionHook):
 
 def reference(model, item: Item):
     """Per layer: the residual stream and head outputs at the item's positions, one text alone."""
-    ids = torch.tensor([item.input_ids])
+    ids = torch.tensor([item.input_ids], device=model.device)
     rec = Recorder()
     with torch.inference_mode(), model.hooks(rec):
         hs = model.model.base_model(input_ids=ids, output_hidden_states=True).hidden_states
     pos = [p % len(item.input_ids) for p in item.positions]
-    resid = [hs[L + 1][0, pos].numpy() for L in range(model.n_layers)]
-    heads = [rec.out[L][0, pos].numpy() for L in range(model.n_layers)]
+    resid = [hs[L + 1][0, pos].float().cpu().numpy() for L in range(model.n_layers)]
+    heads = [rec.out[L][0, pos].float().cpu().numpy() for L in range(model.n_layers)]
     return resid, heads
 
 
@@ -78,7 +78,9 @@ def test_capture_equals_hidden_states_and_head_outputs(tiny, tmp_path):
         for L in range(last):
             np.testing.assert_allclose(got[L][sel], resid[L], atol=2e-4)
         # HF's last hidden state is after the final norm; the capture keeps the residual.
-        normed = tiny.model.model.norm(torch.from_numpy(got[last][sel])).detach().numpy()
+        with torch.inference_mode():
+            kept = torch.from_numpy(got[last][sel]).to(tiny.device)
+            normed = tiny.model.model.norm(kept).float().cpu().numpy()
         np.testing.assert_allclose(normed, resid[last], atol=2e-4)
         for L in range(tiny.n_layers):
             np.testing.assert_allclose(got_heads[L][sel], heads[L], atol=2e-4)
