@@ -66,6 +66,12 @@ def dense_reference(q, k, v, scale, heads, cfg):
     return outs
 
 
+def cache_of(output):
+    """The KV cache of an output: ``cache`` in newer transformers, ``past_key_values`` before.
+    (It is passed back positionally, as the fourth argument, for the same reason.)"""
+    return output["cache"] if "cache" in output else output["past_key_values"]
+
+
 def ids_for(model, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, len(model.tokenizer), (n,), generator=g)
@@ -146,10 +152,10 @@ def test_decode_rows_equal_prefill_rows(tiny):
         assert float(hook.sink_mass[1].sum()) > 0
         out = tiny.model(input_ids=ids[:, :16], use_cache=True)
         steps = [out.logits[0]]
-        past = out.past_key_values
+        past = cache_of(out)
         for t in range(16, 24):
-            out = tiny.model(input_ids=ids[:, t : t + 1], past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = tiny.model(ids[:, t : t + 1], None, None, past, use_cache=True)
+            past = cache_of(out)
             steps.append(out.logits[0])
     torch.testing.assert_close(torch.cat(steps), full, atol=1e-4, rtol=1e-4)
     with torch.inference_mode():
@@ -160,9 +166,9 @@ def test_decode_rows_equal_prefill_rows(tiny):
 def test_decode_without_prefill_state_is_an_error(tiny):
     ids = ids_for(tiny, 10)[None]
     with torch.inference_mode():
-        past = tiny.model(input_ids=ids, use_cache=True).past_key_values
+        past = cache_of(tiny.model(input_ids=ids, use_cache=True))
         with act_calibration(tiny, [(1, 1)]), pytest.raises(HeadhuntError, match="KV cache"):
-            tiny.model(input_ids=ids[:, :1], past_key_values=past, use_cache=True)
+            tiny.model(ids[:, :1], None, None, past, use_cache=True)
 
 
 def test_bad_inputs(tiny):
@@ -185,10 +191,10 @@ def test_embedded_model_prefill_equals_decode(smol):
         full = smol.model(input_ids=ids, use_cache=False).logits[0]
         mass = float(hook.sink_mass[10].sum() + hook.sink_mass[20].sum())
         out = smol.model(input_ids=ids[:, :-3], use_cache=True)
-        steps, past = [out.logits[0]], out.past_key_values
+        steps, past = [out.logits[0]], cache_of(out)
         for t in range(ids.shape[1] - 3, ids.shape[1]):
-            out = smol.model(input_ids=ids[:, t : t + 1], past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = smol.model(ids[:, t : t + 1], None, None, past, use_cache=True)
+            past = cache_of(out)
             steps.append(out.logits[0])
     assert mass > 0
     torch.testing.assert_close(torch.cat(steps), full, atol=2e-3, rtol=1e-3)
