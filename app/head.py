@@ -104,7 +104,7 @@ def _needle(ctx: Context, layer: int, head: int) -> None:
         x="trial",
         y="on_needle",
         color="counted",
-        hover_data=["depth", "length", "answer", "response", "score"],
+        hover_data=["depth %", "length", "answer", "response", "score"],
     )
     fig.update_layout(height=320, yaxis_range=[0, 1])
     st.plotly_chart(fig, key="needle_bars")

@@ -274,10 +274,11 @@ def circuits_page(ctx: Context) -> None:
     if scores_or_error(entry) is None:
         return
     cv = data.circuit(entry.path)
-    params = entry.run.manifest.get("parameters", {})
+    m = entry.run.manifest
+    params = m.get("parameters", {})
     st.caption(
-        f"task {params.get('task') or params.get('task_file')}, {params.get('pairs')} pairs, "
-        f"{params.get('trials')} SAE trials"
+        f"task {params.get('task') or params.get('task_file')}, "
+        f"{m.get('n_pairs', params.get('pairs'))} pairs, {params.get('trials')} SAE trials"
     )
     if cv.auc and cv.auc.get("methods"):
         rows = [

@@ -403,7 +403,7 @@ def needle_trials(run: Run, layer: int, head: int) -> pd.DataFrame:
     cols = [
         "trial",
         "length",
-        "depth",
+        "depth %",
         "needle",
         "answer",
         "response",
@@ -415,7 +415,7 @@ def needle_trials(run: Run, layer: int, head: int) -> pd.DataFrame:
         {
             "trial": r["id"],
             "length": r["length"],
-            "depth": r["depth"],
+            "depth %": round(100 * float(r["depth"]), 2),  # trials store a fraction
             "needle": r["needle"],
             "answer": r["answer"],
             "response": r["response"],
@@ -637,6 +637,11 @@ def needle_trial(
         raise HeadhuntError(f"unknown needle {needle!r} (choose from {', '.join(NEEDLES)})")
     if not 0 <= depth <= 100:
         raise HeadhuntError(f"depth {depth} is outside 0..100 (percent)")
+    if not 64 <= length <= model.max_context - 32:  # room for the answer's tokens
+        raise HeadhuntError(
+            f"a needle prompt needs 64 to {model.max_context - 32} tokens on this model, "
+            f"not {length}"
+        )
     builder = TrialBuilder(model.tokenizer, read_haystack(haystack))
     tid = f"L{length}-D{depth:g}-{needle}-s{seed}"
     return builder.build(length, depth / 100, NEEDLES[needle], random.Random(f"{seed}/{tid}"), tid)

@@ -46,7 +46,7 @@ def retrieval_run(out: Path, spec: str) -> Path:
         rec = {
             "id": f"L120-D{depth:g}-passkey-0",
             "length": 120,
-            "depth": depth,
+            "depth": depth / 100,  # a fraction, as the retrieval analyzer stores it
             "needle": "passkey",
             "answer": "482913",
             "response": "482913" if i < 2 else "4829",

@@ -1,6 +1,6 @@
-"""End to end in a real headless Chromium: `headhunt app` on loopback, open a run, pick a head,
-read its detail page, compute its attention on a prompt; the screenshot is kept under
-artifacts/ (git-ignored) as the test's artifact."""
+"""End to end in a real headless Chromium: `headhunt app` on loopback, open a run, pick a head
+on the heads map, read its detail page, compute its attention on a prompt; the screenshot is
+kept under artifacts/ (git-ignored) as the test's artifact."""
 
 from __future__ import annotations
 
@@ -112,14 +112,16 @@ def test_open_a_run_pick_a_head_and_see_its_detail(server, tmp_path):
             page.get_by_role("option", name="retrieval-tiny (retrieval)").click()
             expect(page.get_by_role("heading", name="Run retrieval-tiny")).to_be_visible()
 
-            # Pick head 1-2 and open its detail page.
-            for label, value in (("layer", "1"), ("head", "2")):
-                box = sidebar.get_by_label(label, exact=True)
-                box.fill(value)
-                box.press("Enter")
-                expect(box).to_have_value(value)
-            sidebar.get_by_text("Head detail", exact=True).click()
+            # Pick head 1-2 by clicking its cell on the heads map (2 layers x 4 heads).
+            sidebar.get_by_text("Heads map", exact=True).click()
+            expect(page.get_by_text("Top heads by retrieval_score")).to_be_visible()
+            plot = page.locator(".js-plotly-plot .nsewdrag").first
+            expect(plot).to_be_visible()
+            box = plot.bounding_box()
+            page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 0.25)
             expect(page.get_by_role("heading", name="Head 1-2")).to_be_visible()
+            expect(sidebar.get_by_label("layer", exact=True)).to_have_value("1")
+            expect(sidebar.get_by_label("head", exact=True)).to_have_value("2")
             expect(page.get_by_text("layer 1, query head 2, KV head 1 of run")).to_be_visible()
             expect(page.get_by_text("Where its argmax landed: the needle")).to_be_visible()
 
@@ -133,7 +135,8 @@ def test_open_a_run_pick_a_head_and_see_its_detail(server, tmp_path):
             # Streamlit scrolls inside its main block, not the page: grow the viewport to it.
             height = page.evaluate("document.querySelector('[data-testid=stMain]').scrollHeight")
             page.set_viewport_size({"width": 1400, "height": min(int(height) + 50, 6000)})
-            page.wait_for_timeout(1000)
+            expect(page.get_by_text("first-token sink mass s_0 =")).to_be_visible()
+            page.wait_for_timeout(3000)  # let the charts repaint at the new size
             shot = tmp_path / "head_detail.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:

@@ -90,6 +90,8 @@ def test_answers_equal_greedy_decoding_under_the_same_hooks(tiny):
     assert same.text == before.text
     with pytest.raises(HeadhuntError, match="at least one head"):
         hi.answer_needle(tiny, trial, how="mask")
+    with pytest.raises(HeadhuntError, match="needs 64 to 480 tokens"):
+        hi.needle_trial(tiny, length=500)  # the tiny model's context is 512
 
 
 def test_scan_runs_reports_each_broken_folder(tmp_path):
@@ -134,6 +136,7 @@ def test_views_ranks_and_spread_read_back_what_was_written(tmp_path):
     trials = hi.needle_trials(rrun, 0, 3)
     records = [json.loads(x) for x in (rrun.path / "trials.jsonl").open()]
     assert list(trials["score"]) == [r["scores"][0][3] for r in records]
+    assert list(trials["depth %"]) == [0, 50, 100]
     df, rho = hi.compare_runs(
         hi.read_scores(rrun), hi.read_scores(rrun), hi.MetricView("retrieval_score")
     )
