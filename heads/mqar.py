@@ -52,6 +52,8 @@ class MQARSpec:
         n_pairs: N key-value pairs per example, each queried once.
         power_a: the power-law parameter a of the query gaps.
         random_non_queries: replace filler zeros with random tokens of the whole vocabulary.
+        shared_vocab: not Zoology: keys and values both come from ``1 .. V-1`` (2N distinct
+            tokens per example), so a token's id no longer says whether it is a key or a value.
     """
 
     vocab_size: int = 8192
@@ -59,6 +61,7 @@ class MQARSpec:
     n_pairs: int = 8
     power_a: float = 0.01
     random_non_queries: bool = True
+    shared_vocab: bool = False
 
     def __post_init__(self) -> None:
         if self.n_pairs < 1:
@@ -136,8 +139,18 @@ def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
     half = V // 2
     space = (L - 2 * N) // 2
     p = _gap_probs(space, spec.power_a)
-    keys = np.stack([rng.choice(np.arange(1, half), N, replace=False) for _ in range(n_examples)])
-    values = np.stack([rng.choice(np.arange(half, V), N, replace=False) for _ in range(n_examples)])
+    if spec.shared_vocab:
+        kv = np.stack(
+            [rng.choice(np.arange(1, V), 2 * N, replace=False) for _ in range(n_examples)]
+        )
+        keys, values = kv[:, :N], kv[:, N:]
+    else:
+        keys = np.stack(
+            [rng.choice(np.arange(1, half), N, replace=False) for _ in range(n_examples)]
+        )
+        values = np.stack(
+            [rng.choice(np.arange(half, V), N, replace=False) for _ in range(n_examples)]
+        )
     gaps = np.stack([rng.choice(space, N, replace=False, p=p) for _ in range(n_examples)])
     ids = np.zeros((n_examples, L), dtype=np.int64)
     ids[:, 0 : 2 * N : 2] = keys
@@ -159,7 +172,7 @@ def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
         value_pos=t(key_pos + 1),
         query_pos=t(query_pos),
         target=t(values),
-        value_ids=torch.arange(half, V),
+        value_ids=None if spec.shared_vocab else torch.arange(half, V),
     )
 
 
@@ -199,28 +212,32 @@ class WordPools:
         return 2 * min(len(self.keys) + 1, len(self.values))
 
 
-def word_pools(tokenizer, text: str | None = None, *, size: int = 256, seed: int = 0) -> WordPools:
+def word_pools(
+    tokenizer, text: str | None = None, *, size: int | None = None, seed: int = 0
+) -> WordPools:
     """Pools of ``size`` keys, ``size + 1`` values and ``2 * size`` filler words, each a single
-    token with a leading space, drawn from ``text`` (default: the bundled corpus).
+    token with a leading space, drawn from ``text`` (default: the bundled corpus). ``size``
+    defaults to 256, or fewer when the tokenizer has fewer single-token words (a word-level
+    test tokenizer).
 
     Raises:
-        HeadhuntError: the text has too few single-token words.
+        HeadhuntError: the text has too few single-token words (fewer than 4 pools of 2).
     """
     from headhunt.heads.needles import default_haystack_text
 
-    words = sorted(
-        {w.lower() for w in re.findall(r"[A-Za-z]{3,}", text or default_haystack_text())}
-    )
+    found = re.findall(r"[A-Za-z]{3,}", text or default_haystack_text())
+    words = sorted({w.lower() for w in found})
     ids: list[int] = []
     for w in words:
         enc = tokenizer(" " + w, add_special_tokens=False).input_ids
-        if len(enc) == 1:
+        if len(enc) == 1 and enc[0] != tokenizer.unk_token_id:
             ids.append(int(enc[0]))
     ids = sorted(set(ids))
+    size = min(256, (len(ids) - 1) // 4) if size is None else size
     need = 4 * size + 1
-    if len(ids) < need:
+    if size < 2 or len(ids) < need:
         raise HeadhuntError(
-            f"found {len(ids)} single-token words; MQAR pools of {size} need {need}"
+            f"found {len(ids)} single-token words in the text; MQAR pools need {max(need, 9)}"
         )
     random.Random(seed).shuffle(ids)
     return WordPools(
@@ -494,7 +511,7 @@ def random_head_sets(
     """
     bad = {(int(a), int(b)) for a, b in exclude}
     pool = [(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in bad]
-    if size > len(pool):
+    if n_sets and size > len(pool):
         raise HeadhuntError(f"cannot draw {size} random heads from {len(pool)} left")
     rng = random.Random(seed)
     return [sorted(rng.sample(pool, size)) for _ in range(n_sets)]
@@ -509,8 +526,10 @@ def masking_check(
     mode: str = "query",
     seed: int = 0,
     batch_size: int = 8,
+    exclude: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Accuracy with ``heads`` masked against ``n_random`` sets of as many other heads.
+    """Accuracy with ``heads`` masked against ``n_random`` sets of as many other heads, drawn
+    from the heads outside ``exclude`` (default: outside ``heads``).
 
     Returns a dict: ``baseline``, ``masked`` (accuracy with the heads masked), ``random``
     (one accuracy per random set), ``random_mean``, ``heads`` and ``random_sets``, plus the
@@ -532,7 +551,12 @@ def masking_check(
     base = acc(None)
     masked = acc(heads)
     sets = random_head_sets(
-        model.n_layers, model.n_heads, len(heads), n_random, exclude=heads, seed=seed
+        model.n_layers,
+        model.n_heads,
+        len(heads),
+        n_random,
+        exclude=heads if exclude is None else [*heads, *exclude],
+        seed=seed,
     )
     rand = [acc(s) for s in sets]
     return {

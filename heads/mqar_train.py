@@ -2,14 +2,25 @@
 
 The model is a Hugging Face Llama (RoPE, RMSNorm, no MLP: each layer's MLP is replaced by a
 module that returns zeros) wrapped as a :class:`~headhunt.probes.hooked.HookedModel`, so the
-same analyzers (n-gram scores, recall heads, masking) run on it unchanged. Trained on fresh
-Zoology MQAR batches (:func:`headhunt.heads.mqar.generate_mqar`) with the loss on the query
-positions only, a two-layer model learns the textbook mechanism: a previous-token head in
-layer 0 writes each key into its value's position, and an induction head in layer 1 finds, from
-a query key, the value that followed it and copies it.
+same analyzers (n-gram scores, recall heads, masking) run on it unchanged. It is trained on
+fresh MQAR batches from :func:`headhunt.heads.mqar.generate_mqar`, loss on the query positions
+only, until a held-out batch reaches ``target_accuracy``.
 
-Saved as ``model.safetensors`` + ``config.json`` (a few hundred KB); :func:`load_mqar_model`
-reads it back.
+Which circuit it learns depends on the vocabulary, which we measured (README):
+
+- With Zoology's disjoint key and value halves, layer-0 heads can tell a key from a value by its
+  id; the models we trained (2 layers, 2 or 4 heads, 3 seeds) all learned a *shifted* circuit:
+  at each key position layer 0 gathers the previous pair (value 1 back, key 2 back) and the
+  layer-1 heads attend from a query to the position *after* its value.
+- With keys and values from one shared vocabulary (``shared_vocab``, the default here) ids say
+  nothing about roles, and the textbook circuit forms: previous-token heads in layer 0 write
+  each key into its value's position, induction heads in layer 1 attend from the query to that
+  value and copy it. The default 3-layer, 2-head model has both heads of layer 0 as
+  previous-token heads, both of layer 1 as induction heads, and a layer 2 that recall does not
+  need: the ground truth of the planted test.
+
+Saved as ``model.safetensors`` + ``config.json`` (~270 KB); :func:`load_mqar_model` reads it
+back.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ class MQARTrainConfig:
 
     Attributes:
         vocab_size, seq_len, n_pairs, power_a: the MQAR task (Zoology's generator).
+        shared_vocab: keys and values drawn from one vocabulary (see the module docstring:
+            with Zoology's disjoint halves the model learns a shifted circuit instead).
         d_model, n_layers, n_heads: the model (head_dim = d_model / n_heads, no GQA).
         steps, batch_size, lr, weight_decay, warmup: AdamW with linear warmup, cosine decay.
         seed: seeds the initialisation and the data.
@@ -44,10 +57,11 @@ class MQARTrainConfig:
     seq_len: int = 64
     n_pairs: int = 8
     power_a: float = 0.01
+    shared_vocab: bool = True
     d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    steps: int = 3000
+    n_layers: int = 3
+    n_heads: int = 2
+    steps: int = 2000
     batch_size: int = 64
     lr: float = 3e-3
     weight_decay: float = 0.1
@@ -61,6 +75,7 @@ class MQARTrainConfig:
             seq_len=self.seq_len,
             n_pairs=self.n_pairs,
             power_a=self.power_a,
+            shared_vocab=self.shared_vocab,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,13 +94,18 @@ class NoMLP(nn.Module):
         return torch.zeros_like(x)
 
 
-def mqar_tokenizer(vocab_size: int):
-    """A word-level tokenizer naming the MQAR ids: ``_`` (0, filler), ``k1..``, ``v..``."""
+def mqar_tokenizer(vocab_size: int, shared_vocab: bool = False):
+    """A word-level tokenizer naming the MQAR ids: ``_`` (0, filler), then ``k1..`` and ``v..``
+    (Zoology's key and value halves), or ``t1..`` when keys and values share the vocabulary."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     half = vocab_size // 2
-    names = ["_"] + [f"k{i}" for i in range(1, half)] + [f"v{i}" for i in range(half, vocab_size)]
+    if shared_vocab:
+        names = ["_"] + [f"t{i}" for i in range(1, vocab_size)]
+    else:
+        names = ["_"] + [f"k{i}" for i in range(1, half)]
+        names += [f"v{i}" for i in range(half, vocab_size)]
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(names)}, unk_token="_"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # No BOS: Zoology's sequences have none. "_" doubles as unk, so it is the one special id.

@@ -365,7 +365,8 @@ def score_sequences(
                 j += 1
             batch = torch.stack(seqs[i:j])
             hook.set_pairs([match_pairs(s, cfg.k_max) for s in batch])
-            model.forward(batch, use_cache=False)
+            # Only attention is scored: skip the [n, vocab] logits (1.6 GB at 8k tokens).
+            model.forward(batch, use_cache=False, logits_to_keep=1)
             for b in range(j - i):
                 rec = _record(len(batch[b]), hook.results[b], model.n_layers)
                 out.append(rec)

@@ -125,6 +125,7 @@ class Probes:
                 seq_len=L,
                 n_pairs=n_pairs,
                 power_a=self.args.power_a,
+                shared_vocab=self.trained.shared_vocab,
             )
             return insert_gap(
                 generate_mqar(spec, n_examples, seed), gap, spec.vocab_size, seed=seed
@@ -200,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
         model = open_model(args)
     t_load = time.perf_counter() - t0
     probes = Probes(model, args, cfg)
+    most = max(*args.pairs, args.heads_cell[0])
+    if cfg is None:
+        keys = len(probes.pools.keys)
+    else:
+        keys = (cfg.vocab_size - 1) // 2 if cfg.shared_vocab else cfg.vocab_size // 2 - 1
+    require(most <= keys, f"{most} pairs exceed the {keys} distinct keys available")
     n_heads_total = model.n_layers * model.n_heads
     require(args.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
     for n in {*args.pairs, args.heads_cell[0]}:
