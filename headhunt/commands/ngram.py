@@ -310,7 +310,12 @@ def figure(scores, sources: list[str], name: str):
         title=f"N-gram and induction heads: {name}",
         height=max(450, 14 * n_layers) * len(sources),
         coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"x": 1.02}},
-        coloraxis2={"colorscale": "Plasma", "colorbar": {"x": 1.09, "title": "order"}},
+        coloraxis2={
+            "colorscale": "Plasma",
+            "cmin": 0,
+            "cmax": int(scores.df["order"].max()),
+            "colorbar": {"x": 1.09, "title": "order"},
+        },
         coloraxis3={
             "colorscale": "RdBu",
             "cmin": -1,
