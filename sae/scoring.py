@@ -84,9 +84,12 @@ def edge_head_scores(
     """A head's score from edges: how many of the top ``top_fraction`` of head pairs (ranked by
     edge score) it belongs to (the paper's head score from edges).
 
-    The paper cuts a sorted list, so ties at the cut are broken by array order. Here the pairs
-    tied at the cut all count, each with the weight that keeps the total number of counted pairs
-    at the cut size, so the score does not depend on head order.
+    The reference code means to keep half of the pairs but cuts its list of pair members at
+    n_heads**2 / 2 entries, two per ordered pair and both orders of each pair listed, which
+    keeps about a quarter of the pairs; the default here is the intended half
+    (``top_fraction=0.25`` gives the code's behaviour). It also breaks ties at the cut by array
+    order; here the pairs tied at the cut all count, each with the weight that keeps the total
+    number of counted pairs at the cut size, so the score does not depend on head order.
     """
     if not 0 < top_fraction <= 1:
         raise HeadhuntError(f"top_fraction must be in (0, 1], got {top_fraction}")
