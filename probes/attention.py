@@ -81,14 +81,15 @@ def _causal_mask(query: Tensor, key: Tensor) -> Tensor:
 
 def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
     base = base_kernel(module)
-    if (
-        attention_mask is None
-        and query.shape[2] > 1
-        and getattr(module, "headhunt_base", "") == "eager"
-    ):
-        # transformers builds masks by implementation name and, for ours, leaves causality to
-        # SDPA's is_causal flag; eager attention needs the mask spelled out.
-        attention_mask = _causal_mask(query, key)
+    if getattr(module, "headhunt_base", "") == "eager":
+        # Masks for our implementation are built as SDPA's: a boolean 4D mask (padding), or
+        # None where SDPA's is_causal flag suffices. Eager attention needs them additive.
+        if attention_mask is None and query.shape[2] > 1:
+            attention_mask = _causal_mask(query, key)
+        elif attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = torch.zeros(
+                attention_mask.shape, dtype=query.dtype, device=query.device
+            ).masked_fill(~attention_mask, torch.finfo(query.dtype).min)
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
     if not hooks:
         return base(module, query, key, value, attention_mask, **kwargs)
@@ -103,9 +104,14 @@ def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_ma
 
 
 def register() -> None:
+    """Register the implementation and its mask builder. Without a mask builder transformers
+    treats a custom implementation as mask-free and drops padding masks (left-padded batches
+    would attend to their pads)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(IMPLEMENTATION, _headhunt_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -87,3 +87,31 @@ def test_output_mask_zeroes_the_head(tiny):
         tiny.forward(ids)
     assert seen["out"][0, :, 1].abs().max() == 0
     assert seen["out"][0, :, 0].abs().max() > 0
+
+
+@pytest.mark.parametrize("base", ["sdpa", "eager"])
+def test_left_padded_batch_matches_each_sequence_alone(tiny, base):
+    # transformers drops padding masks for attention implementations it has no mask builder
+    # for; without ours, the short sequence would attend to its pads.
+    long_ids = torch.randint(5, 60, (1, 12), device=tiny.device)
+    short_ids = torch.randint(5, 60, (1, 7), device=tiny.device)
+    batch = torch.cat(
+        [
+            long_ids,
+            torch.cat([torch.zeros(1, 5, dtype=torch.long, device=tiny.device), short_ids], 1),
+        ]
+    )
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    for m in tiny.modules:
+        m.headhunt_base = base
+    try:
+        with torch.no_grad():
+            padded = tiny.model(batch, attention_mask=mask, position_ids=position_ids).logits
+            alone = [tiny.model(ids).logits[0] for ids in (long_ids, short_ids)]
+    finally:
+        for m in tiny.modules:
+            m.headhunt_base = "sdpa"
+    torch.testing.assert_close(padded[0], alone[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(padded[1, 5:], alone[1], atol=1e-5, rtol=1e-4)
