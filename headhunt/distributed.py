@@ -1,21 +1,30 @@
 """Data parallelism over trials and texts with torch.distributed (NCCL on GPUs, gloo on CPU).
 
-``headhunt retrieval --nproc N`` relaunches itself under ``torch.distributed.run`` (you may also
-start it with ``torchrun`` yourself). Each process holds one model replica (on ``cuda:LOCAL_RANK``
-when there are GPUs), takes every N-th unit of work of the single-process plan, keeps its finished
-units in its own shard file (so resuming works per shard), and the results are gathered on rank 0,
-which writes the one run directory.
+``headhunt retrieval|sinks|ngram|mqar --nproc N`` relaunches itself under
+``torch.distributed.run`` (you may also start it with ``torchrun`` yourself). Each process holds
+one model replica (on ``cuda:LOCAL_RANK`` when there are GPUs), takes every N-th unit of work of
+the single-process plan (a whole batch, a text, a grid cell: never a different batching than one
+process would use), keeps its finished units in its own shard file (so resuming works per shard),
+and rank 0 gathers them, in the single-process order, into the one run directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    import argparse
+
+    from headhunt.rundir import RunDir
 
 T = TypeVar("T")
 
@@ -104,3 +113,88 @@ def strip_option(argv: list[str], name: str) -> list[str]:
         elif not a.startswith(name + "="):
             out.append(a)
     return out
+
+
+def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], int]) -> int:
+    """Run a subcommand's ``body(args, dist)``: relaunched in ``args.nproc`` processes when
+    that is above 1 (and not already under torchrun), else in this process's group."""
+    nproc = getattr(args, "nproc", 1)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        if getattr(args, "device_map", None):
+            from headhunt.errors import HeadhuntError
+
+            raise HeadhuntError(
+                "--nproc and --device-map do not combine (one model replica per process "
+                "or one model over all GPUs)"
+            )
+        return launch(strip_option(args.argv, "--nproc"), nproc)
+    dist = init()
+    try:
+        if dist.active:
+            args.device = dist.device(args.device)
+        return body(args, dist)
+    finally:
+        dist.close()
+
+
+def open_run(dist: Dist, out: str, method: str, **kwargs: Any) -> RunDir:
+    """``RunDir.open`` on rank 0; the other ranks get a ``RunDir`` on the same work folder
+    (rank 0 owns its lifecycle). When rank 0 cannot open it, rank 0 raises the one-line error
+    and the others exit with status 2 quietly."""
+    from headhunt.errors import HeadhuntError
+    from headhunt.rundir import RunDir
+
+    run, failure = None, None
+    if dist.is_main:
+        try:
+            run = RunDir.open(out, method, **kwargs)
+        except HeadhuntError as e:
+            if not dist.active:
+                raise
+            failure = str(e)
+    failure, work, complete = dist.gather((failure, run and str(run.work), run and run.complete))[0]
+    if failure:
+        if dist.is_main:
+            raise HeadhuntError(failure)
+        raise SystemExit(2)
+    if run is None:
+        final = Path(out).expanduser().resolve()
+        run = RunDir(out=final, work=Path(work), method=method, complete=bool(complete))
+    return run
+
+
+def shard_name(dist: Dist, name: str) -> str:
+    """This rank's records file: ``cells.jsonl`` in one process, ``cells.rank1.jsonl`` in a
+    group."""
+    if not dist.active:
+        return name
+    stem, _, ext = name.rpartition(".")
+    return f"{stem}.rank{dist.rank}.{ext}"
+
+
+def _shard_files(run: RunDir, name: str) -> list[Path]:
+    stem, _, ext = name.rpartition(".")
+    return [run.work / name, *sorted(run.work.glob(f"{stem}.rank*.{ext}"))]
+
+
+def shard_records(run: RunDir, name: str) -> list[dict[str, Any]]:
+    """Every record saved so far under ``name``, by one process or by any rank's shard."""
+    out: list[dict[str, Any]] = []
+    for path in _shard_files(run, name):
+        if path.is_file():
+            out += run.records(path.name)
+    return out
+
+
+def merge_records(run: RunDir, name: str, records: list[dict[str, Any]]) -> None:
+    """Replace ``name`` and its rank shards with ``records`` in the given (single-process)
+    order, so the run directory does not depend on how the work was split or resumed."""
+    from headhunt.rundir import _json_default
+
+    tmp = run.work / f".{name}.tmp"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, default=_json_default) + "\n")
+    for path in _shard_files(run, name):
+        path.unlink(missing_ok=True)
+    os.replace(tmp, run.work / name)

@@ -153,7 +153,8 @@ def greedy_decode(
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
                 if cap is not None:
-                    argmax.append(torch.stack(cap.step))
+                    # Layers may sit on several devices (--device-map): gather on the first.
+                    argmax.append(torch.stack([s.to(dev) for s in cap.step]))
                 lengths += (~done).long()
                 done |= torch.isin(nxt, stop)
                 if bool(done.all()):  # the one host sync per step

@@ -83,11 +83,22 @@ class HookedModel:
             m.headhunt_layer = i
             m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
             m.headhunt_hooks = []
+        if len({d for d in self.devices if d.startswith("cuda")}) > 1:
+            for m in self.modules:
+                _run_on_own_device(m)
         self.model.eval()
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def devices(self) -> list[str]:
+        """Every device holding a parameter (several with a ``device_map``), first layer first."""
+        seen: dict[str, None] = {}
+        for p in self.model.parameters():
+            seen.setdefault(str(p.device), None)
+        return list(seen)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -114,6 +125,7 @@ class HookedModel:
             "max_context": self.max_context,
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
+            **({"devices": self.devices} if len(self.devices) > 1 else {}),
         }
 
     @contextlib.contextmanager
@@ -167,6 +179,7 @@ def load_model(
     device: str | None = "auto",
     dtype: str | None = "auto",
     trust_remote_code: bool = False,
+    device_map: str | dict[str, str | int] | None = None,
 ) -> HookedModel:
     """Load a model and wrap it with attention hooks.
 
@@ -176,11 +189,115 @@ def load_model(
         device: "auto" (CUDA when present), "cpu", "cuda", "cuda:N".
         dtype: "auto" (bf16 on CUDA, fp32 on CPU), "float32", "bfloat16", "float16".
         trust_remote_code: only if you trust the folder's code.
+        device_map: spread the layers over several devices with accelerate (overrides
+            ``device``): "auto"/"balanced" (even over the visible GPUs; everything on the CPU
+            when there is none), "sequential" (fill GPU 0 first), or an explicit
+            ``{module name: device}`` dict (or its JSON text). Hooks then see each layer's q/k
+            on that layer's device; inputs go to the first layer's device and logits come back
+            there.
     """
     from headhunt.probes.loading import load_hf
 
+    model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
+    if device_map is not None:
+        return HookedModel(model=dispatch(model, device_map, dtype), tokenizer=tok, name=spec)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
     model = model.to(device=dev, dtype=dt)
     return HookedModel(model=model, tokenizer=tok, name=spec)
+
+
+def _run_on_own_device(module: torch.nn.Module) -> None:
+    """Make a layer's GPU the current device while its attention runs: Triton (the capture
+    kernels) launches on the current device and stream, not on the device of its tensors."""
+    if getattr(module, "headhunt_own_device", False):
+        return
+    dev = next(module.parameters()).device
+    if dev.type != "cuda":
+        return
+    forward = module.forward
+
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        with torch.cuda.device(dev):
+            return forward(*args, **kwargs)
+
+    module.forward = on_device
+    module.headhunt_own_device = True
+
+
+MAP_MODES = ("auto", "balanced", "sequential")
+
+
+def parse_device_map(device_map: str | dict) -> str | dict[str, str | int]:
+    """A mode name, or an explicit ``{module: device}`` map (a dict or its JSON text)."""
+    import json
+
+    if isinstance(device_map, dict):
+        dm = device_map
+    elif device_map in MAP_MODES:
+        return device_map
+    elif isinstance(device_map, str) and device_map.lstrip().startswith("{"):
+        try:
+            dm = json.loads(device_map)
+        except json.JSONDecodeError as e:
+            raise HeadhuntError(f"--device-map is not valid JSON ({e.msg})") from None
+    else:
+        raise HeadhuntError(
+            f"unknown --device-map {device_map!r} (use auto, balanced, sequential or a JSON "
+            "module -> device map)"
+        )
+    if not isinstance(dm, dict) or not dm:
+        raise HeadhuntError("--device-map must map module names to devices")
+    out: dict[str, str | int] = {}
+    for name, dev in dm.items():
+        if isinstance(dev, int) or dev == "disk":
+            out[name] = dev
+            continue
+        out[name] = str(pick_device(str(dev)))  # one-line error for unknown or absent devices
+    return out
+
+
+def dispatch(model: Any, device_map: str | dict, dtype: str | None = "auto") -> Any:
+    """Cast ``model`` and spread it over devices with accelerate's ``dispatch_model``."""
+    try:
+        from accelerate import dispatch_model, infer_auto_device_map
+        from accelerate.utils import get_balanced_memory
+    except ImportError:
+        raise HeadhuntError(
+            "--device-map needs the `accelerate` package: pip install accelerate"
+        ) from None
+    dm = parse_device_map(device_map)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if isinstance(dm, str):
+        first = torch.device("cuda:0" if gpus else "cpu")
+    else:
+        devs = [d for d in dm.values() if d != "disk"]
+        first = torch.device(f"cuda:{devs[0]}" if isinstance(devs[0], int) else devs[0])
+    dt = pick_dtype(dtype, first)
+    model = model.to(dtype=dt)
+    if isinstance(dm, str):
+        if not gpus:
+            dm = {"": "cpu"}  # no GPU: the whole model on the CPU, as --device cpu
+        else:
+            no_split = list(getattr(model, "_no_split_modules", None) or [])
+            max_memory = None
+            if dm in ("auto", "balanced"):
+                max_memory = get_balanced_memory(model, no_split_module_classes=no_split, dtype=dt)
+            dm = infer_auto_device_map(
+                model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dt
+            )
+    import logging
+
+    log = logging.getLogger("accelerate.big_modeling")
+    level = log.level
+    if all(d == "cpu" for d in dm.values()):
+        log.setLevel(logging.ERROR)  # "offloaded to the cpu": not so, the CPU executes them
+    try:
+        # force_hooks: accelerate's hooks even when the map names one device, so one code path.
+        model = dispatch_model(model, device_map=dm, force_hooks=True)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise HeadhuntError(f"could not dispatch the model with --device-map: {e}") from None
+    finally:
+        log.setLevel(level)
+    model.hf_device_map = dict(dm)
+    return model

@@ -33,6 +33,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument(
+        "--device-map",
+        default=None,
+        help="spread the layers over devices with accelerate (for models larger than one "
+        "GPU): auto (balanced over the visible GPUs), balanced, sequential, or a JSON "
+        'module -> device map such as \'{"model.layers.0": "cuda:0", ...}\'; overrides --device',
+    )
+    g.add_argument(
         "--dtype",
         default="auto",
         help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16",
@@ -40,6 +47,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="random seed")
     g.add_argument(
         "--trust-remote-code", action="store_true", help="allow a model folder's own code to run"
+    )
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    """--nproc (data parallel: one model replica per process, one GPU each)."""
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes (one model replica each, one GPU each when there are GPUs; work "
+        "sharded by rank, gathered by rank 0 into one run directory); also works under torchrun",
     )
 
 
@@ -77,7 +95,11 @@ def open_model(args: argparse.Namespace):
     from headhunt.probes.hooked import load_model
 
     return load_model(
-        args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        device_map=getattr(args, "device_map", None),
     )
 
 

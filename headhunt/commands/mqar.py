@@ -10,6 +10,7 @@ from headhunt.commands.common import (
     add_command,
     add_model_args,
     add_out_args,
+    add_parallel_args,
     comma_list,
     open_model,
     print_table,
@@ -75,6 +76,7 @@ def add_parser(sub) -> None:
     g.add_argument("--mask-mode", default="query", help="query (uniform attention) or output")
     g.add_argument("--batch-size", type=int, default=8, help="examples per forward")
     g.add_argument("--top", type=int, default=10, help="rows of the printed tables")
+    add_parallel_args(p)
     p.set_defaults(func=run)
 
 
@@ -151,11 +153,20 @@ class Probes:
 
 
 def run(args: argparse.Namespace) -> int:
+    from headhunt import distributed
+
+    _validate(args)
+    return distributed.main(args, _run)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
     import numpy as np
     import pandas as pd
     import torch
     from tqdm import tqdm
 
+    from headhunt import distributed
+    from headhunt.heads.masking import HeadMask
     from headhunt.heads.mqar import (
         RECALL_METRICS,
         MQARResult,
@@ -165,9 +176,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from headhunt.heads.scores import HeadScores
     from headhunt.plots import write_html
-    from headhunt.rundir import RunDir, load_run, write_json_atomic
+    from headhunt.rundir import load_run, write_json_atomic
 
-    _validate(args)
     trained = _is_trained_mqar(args.model)
     params = {
         k: getattr(args, k)
@@ -218,25 +228,41 @@ def run(args: argparse.Namespace) -> int:
                     f"N={n}, gap={gap} makes {length}-token examples, longer than the model's "
                     f"context ({model.max_context})"
                 )
-    run_dir = RunDir.open(args.out, "mqar", resume=args.resume, force=args.force, parameters=params)
+    run_dir = distributed.open_run(
+        dist, args.out, "mqar", resume=args.resume, force=args.force, parameters=params
+    )
     if run_dir.complete:
-        done = load_run(run_dir.out)
-        show(
-            pd.read_csv(run_dir.out / "accuracy.csv"),
-            HeadScores.read_parquet(run_dir.out / "scores.parquet"),
-            done.json("masking.json"),
-            args.top,
-        )
+        if dist.is_main:
+            done = load_run(run_dir.out)
+            show(
+                pd.read_csv(run_dir.out / "accuracy.csv"),
+                HeadScores.read_parquet(run_dir.out / "scores.parquet"),
+                done.json("masking.json"),
+                args.top,
+            )
         return 0
 
-    timings = {"load_model_s": t_load}
-    # 1. Accuracy grid, one record per cell.
+    # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
     t1 = time.perf_counter()
-    cells = {(r["n_pairs"], r["gap"]): r for r in run_dir.records(CELLS)}
     grid = [(n, g) for g in args.gaps for n in args.pairs]
-    for n, gap in tqdm(grid, desc="mqar cells", unit="cell"):
-        if (n, gap) in cells:
+    hn, hgap = args.heads_cell
+    hprobe = probes(hn, hgap, args.head_examples, salt=1)
+    cells = {(r["n_pairs"], r["gap"]) for r in distributed.shard_records(run_dir, CELLS)}
+    units = [c for c in grid if c not in cells]
+    if not distributed.shard_records(run_dir, HEADS):
+        units.append("heads")
+    cell_shard = distributed.shard_name(dist, CELLS)
+    for unit in tqdm(dist.share(units), desc="mqar cells", unit="cell", disable=not dist.is_main):
+        if unit == "heads":
+            base = run_mqar(model, hprobe, batch_size=args.batch_size, score_heads=True)
+            rec = {
+                "recall": base.recall.tolist(),
+                "correct": base.correct.int().tolist(),
+                "correct_pool": base.correct_pool.int().tolist(),
+            }
+            run_dir.append_record(rec, distributed.shard_name(dist, HEADS))
             continue
+        n, gap = unit
         probe = probes(n, gap, args.examples)
         res = run_mqar(model, probe, batch_size=args.batch_size)
         rec = {
@@ -247,41 +273,23 @@ def run(args: argparse.Namespace) -> int:
             "correct_pool": res.correct_pool.int().tolist(),
             "distance": res.gaps.tolist(),
         }
-        run_dir.append_record(rec, CELLS)
-        cells[(n, gap)] = rec
-    timings["grid_s"] = time.perf_counter() - t1
-    acc = accuracy_table([cells[c] for c in grid])
-    dist = distance_table([cells[c] for c in grid])
+        run_dir.append_record(rec, cell_shard)
+    t_grid = max(dist.gather(time.perf_counter() - t1))  # also waits for every rank's shard
 
-    # 2. Recall heads on the heads cell.
+    # 2. Recall heads on the heads cell (every rank reads the one record).
     t2 = time.perf_counter()
-    hn, hgap = args.heads_cell
-    hprobe = probes(hn, hgap, args.head_examples, salt=1)
-    head_recs = run_dir.records(HEADS)
-    if head_recs:
-        rec = head_recs[0]
-        recall = torch.tensor(rec["recall"])
-        base = MQARResult(
-            torch.tensor(rec["correct"]).bool(),
-            torch.tensor(rec["correct_pool"]).bool(),
-            hprobe.gaps(),
-            recall,
-        )
-    else:
-        base = run_mqar(model, hprobe, batch_size=args.batch_size, score_heads=True)
-        recall = base.recall
-        run_dir.append_record(
-            {
-                "recall": recall.tolist(),
-                "correct": base.correct.int().tolist(),
-                "correct_pool": base.correct_pool.int().tolist(),
-            },
-            HEADS,
-        )
+    rec = distributed.shard_records(run_dir, HEADS)[0]
+    recall = torch.tensor(rec["recall"])
+    base = MQARResult(
+        torch.tensor(rec["correct"]).bool(),
+        torch.tensor(rec["correct_pool"]).bool(),
+        hprobe.gaps(),
+        recall,
+    )
     scores = recall_scores(
         recall, hprobe.query_pos.numel(), n_kv_heads=model.n_kv_heads, n_pairs=hn, gap=hgap
     )
-    timings["heads_s"] = time.perf_counter() - t2
+    t_heads = time.perf_counter() - t2
 
     # 3. Masking: the top-k recall heads against random sets of as many other heads.
     t3 = time.perf_counter()
@@ -299,12 +307,11 @@ def run(args: argparse.Namespace) -> int:
         )
     ):
         sets[f"random {i + 1}"] = s
-    masked = {r["name"]: r for r in run_dir.records(MASKS)}
-    from headhunt.heads.masking import HeadMask
-
-    for name, hs in tqdm(list(sets.items()), desc="masking", unit="set"):
-        if name in masked:
-            continue
+    masked = {r["name"] for r in distributed.shard_records(run_dir, MASKS)}
+    mask_shard = distributed.shard_name(dist, MASKS)
+    todo = dist.share([name for name in sets if name not in masked])
+    for name in tqdm(todo, desc="masking", unit="set", disable=not dist.is_main):
+        hs = sets[name]
         res = run_mqar(
             model, hprobe, batch_size=args.batch_size, hooks=[HeadMask(hs, args.mask_mode)]
         )
@@ -314,8 +321,21 @@ def run(args: argparse.Namespace) -> int:
             "accuracy": res.accuracy,
             "accuracy_pool": res.accuracy_pool,
         }
-        run_dir.append_record(rec, MASKS)
-        masked[name] = rec
+        run_dir.append_record(rec, mask_shard)
+    t_mask = max(dist.gather(time.perf_counter() - t3))
+    if not dist.is_main:
+        return 0
+    timings = {"load_model_s": t_load, "grid_s": t_grid, "heads_s": t_heads, "masking_s": t_mask}
+
+    by_cell = {(r["n_pairs"], r["gap"]): r for r in distributed.shard_records(run_dir, CELLS)}
+    cell_recs = [by_cell[c] for c in grid]
+    distributed.merge_records(run_dir, CELLS, cell_recs)
+    distributed.merge_records(run_dir, HEADS, distributed.shard_records(run_dir, HEADS)[:1])
+    by_name = {r["name"]: r for r in distributed.shard_records(run_dir, MASKS)}
+    distributed.merge_records(run_dir, MASKS, [by_name[n] for n in sets])
+    masked = {n: by_name[n] for n in sets}
+    acc = accuracy_table(cell_recs)
+    dist_table = distance_table(cell_recs)
     rand = [masked[n]["accuracy"] for n in sets if n != "recall heads"]
     rand_pool = [masked[n]["accuracy_pool"] for n in sets if n != "recall heads"]
     masking = {
@@ -332,11 +352,10 @@ def run(args: argparse.Namespace) -> int:
         "random_pool_mean": float(np.mean(rand_pool)) if rand_pool else None,
         "random_sets": [sets[n] for n in sets if n != "recall heads"],
     }
-    timings["masking_s"] = time.perf_counter() - t3
 
     scores.to_parquet(run_dir.path("scores.parquet"))
     acc.to_csv(run_dir.path("accuracy.csv"), index=False)
-    dist.to_csv(run_dir.path("distance.csv"), index=False)
+    dist_table.to_csv(run_dir.path("distance.csv"), index=False)
     write_json_atomic(run_dir.path("masking.json"), masking)
     summary = {
         "layout": params["layout"],
@@ -350,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         model=model.describe(),
         parameters=params,
         timings=timings,
-        extra={"summary": summary},
+        extra={"processes": dist.world, "summary": summary},
     )
     show(acc, scores, masking, args.top)
     print(f"run directory: {out}")

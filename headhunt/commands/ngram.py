@@ -10,6 +10,7 @@ from headhunt.commands.common import (
     add_command,
     add_model_args,
     add_out_args,
+    add_parallel_args,
     comma_list,
     open_model,
     print_table,
@@ -72,6 +73,7 @@ def add_parser(sub) -> None:
     g.add_argument("--min-queries", type=int, default=5, help="queries behind a contrast")
     g.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
     g.add_argument("--top", type=int, default=10, help="rows of the printed tables")
+    add_parallel_args(p)
     p.set_defaults(func=run)
 
 
@@ -151,14 +153,37 @@ def build_inputs(model, args: argparse.Namespace, texts: list[str] | None) -> di
 
 
 def run(args: argparse.Namespace) -> int:
-    from headhunt.heads.ngram import NgramConfig, SeqRecord, score_sequences, summarize
+    from headhunt import distributed
     from headhunt.heads.ngram_inputs import read_texts
-    from headhunt.heads.scores import HeadScores
-    from headhunt.plots import write_html
-    from headhunt.rundir import RunDir, load_run
 
     _validate(args)
     texts = read_texts(args.texts) if args.texts and "natural" in args.inputs else None
+    return distributed.main(args, lambda a, dist: _run(a, dist, texts))
+
+
+def plan_batches(seqs: list, batch_size: int) -> list[list[int]]:
+    """The forwards of :func:`headhunt.heads.ngram.score_sequences`: runs of up to
+    ``batch_size`` equal-length neighbours. Ranks share whole batches, so every sequence is
+    scored in the same batch as in one process."""
+    out, i = [], 0
+    while i < len(seqs):
+        j = i + 1
+        while j < len(seqs) and j - i < batch_size and len(seqs[j]) == len(seqs[i]):
+            j += 1
+        out.append(list(range(i, j)))
+        i = j
+    return out
+
+
+def _run(args: argparse.Namespace, dist, texts: list[str] | None) -> int:
+    from tqdm import tqdm
+
+    from headhunt import distributed
+    from headhunt.heads.ngram import NgramConfig, SeqRecord, score_sequences, summarize
+    from headhunt.heads.scores import HeadScores
+    from headhunt.plots import write_html
+    from headhunt.rundir import load_run
+
     cfg = NgramConfig(
         k_max=args.k_max,
         order_contrast=args.order_contrast,
@@ -186,34 +211,58 @@ def run(args: argparse.Namespace) -> int:
     model = open_model(args)
     t_load = time.perf_counter() - t0
     inputs = build_inputs(model, args, texts)
-    run_dir = RunDir.open(
-        args.out, "ngram", resume=args.resume, force=args.force, parameters=params
+    run_dir = distributed.open_run(
+        dist, args.out, "ngram", resume=args.resume, force=args.force, parameters=params
     )
     if run_dir.complete:
-        done = load_run(run_dir.out)
-        show(HeadScores.read_parquet(run_dir.out / "scores.parquet"), args.inputs, args.top)
-        print(f"run directory: {done.path}")
+        if dist.is_main:
+            done = load_run(run_dir.out)
+            show(HeadScores.read_parquet(run_dir.out / "scores.parquet"), args.inputs, args.top)
+            print(f"run directory: {done.path}")
+        return 0
+
+    # Whole batches are dealt round-robin over the ranks; a record keeps its sequence's index.
+    mine_t: dict[str, float] = {}
+    for source, seqs in inputs.items():
+        name = f"records-{source}.jsonl"
+        saved = distributed.shard_records(run_dir, name)
+        done = {r.get("index", k) for k, r in enumerate(saved)}
+        if done and dist.is_main:
+            print(f"{source}: resuming, {len(done)} of {len(seqs)} sequences already done")
+        batches = [b for b in dist.share(plan_batches(seqs, args.batch_size)) if set(b) - done]
+        shard = distributed.shard_name(dist, name)
+        t1 = time.perf_counter()
+        bar = tqdm(total=sum(map(len, batches)), desc=source, unit="seq", disable=not dist.is_main)
+        for batch in batches:
+
+            def save(j, r, batch=batch, shard=shard, done=done):
+                if batch[j] not in done:
+                    run_dir.append_record({"index": batch[j], **r.to_dict()}, shard)
+
+            score_sequences(
+                model,
+                [seqs[k] for k in batch],
+                cfg,
+                batch_size=args.batch_size,
+                on_record=save,
+            )
+            bar.update(len(batch))
+        bar.close()
+        mine_t[f"{source}_s"] = time.perf_counter() - t1
+    every = dist.gather(mine_t)  # also waits for every rank's shard
+    if not dist.is_main:
         return 0
 
     timings = {"load_model_s": t_load}
+    timings.update({k: max(t[k] for t in every) for k in mine_t})  # the slowest rank
     tables, summary = [], {}
     for source, seqs in inputs.items():
         name = f"records-{source}.jsonl"
-        recs = [SeqRecord.from_dict(r) for r in run_dir.records(name)][: len(seqs)]
-        if recs:
-            print(f"{source}: resuming, {len(recs)} of {len(seqs)} sequences already done")
-        t1 = time.perf_counter()
-        recs += score_sequences(
-            model,
-            seqs,
-            cfg,
-            batch_size=args.batch_size,
-            progress=True,
-            on_record=lambda _i, r, n=name: run_dir.append_record(r.to_dict(), n),
-            skip=len(recs),
-            desc=source,
-        )
-        timings[f"{source}_s"] = time.perf_counter() - t1
+        saved = distributed.shard_records(run_dir, name)
+        by_index = {r.get("index", k): r for k, r in enumerate(saved)}
+        records = [{**by_index[k], "index": k} for k in range(len(seqs))]
+        distributed.merge_records(run_dir, name, records)
+        recs = [SeqRecord.from_dict(r) for r in records]
         scores = summarize(recs, cfg, n_kv_heads=model.n_kv_heads, source=source)
         tables.append(scores)
         summary[source] = {
@@ -228,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
     _write_json(run_dir.path("summary.json"), summary)
     write_html(figure(scores, list(inputs), model.name), run_dir.path("ngram.html"))
     out = run_dir.finalize(
-        model=model.describe(), parameters=params, timings=timings, extra={"summary": summary}
+        model=model.describe(),
+        parameters=params,
+        timings=timings,
+        extra={"processes": dist.world, "summary": summary},
     )
     show(scores, list(inputs), args.top)
     print(f"run directory: {out}")

@@ -11,6 +11,7 @@ from headhunt.commands.common import (
     add_command,
     add_model_args,
     add_out_args,
+    add_parallel_args,
     open_model,
     print_table,
     require,
@@ -66,6 +67,7 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=0.3, help="Sink_eps threshold on s_0")
     g.add_argument("--eps-tokens", type=int, default=64, help="prefix length T of Sink_eps")
     g.add_argument("--top", type=int, default=15, help="rows of the printed tables")
+    add_parallel_args(p)
     p.set_defaults(func=run)
 
 
@@ -142,12 +144,22 @@ def build_inputs(model, texts: list[str] | None, length: int | None, n_texts: in
 
 
 def run(args: argparse.Namespace) -> int:
+    from headhunt import distributed
+
+    require(args.n_texts >= 1, "--n-texts must be at least 1")
+    require(args.length is None or args.length >= 2, "--length must be at least 2")
+    texts = read_texts(args.texts)  # bad files fail before the model loads (or processes start)
+    return distributed.main(args, lambda a, dist: _run(a, dist, texts))
+
+
+def _run(args: argparse.Namespace, dist, texts: list[str] | None) -> int:
     from tqdm import tqdm
 
+    from headhunt import distributed
     from headhunt.heads.scores import HeadScores
     from headhunt.heads.sinks import SinkConfig, TextSinks, analyze_text, plot, summarize
     from headhunt.plots import write_html
-    from headhunt.rundir import RunDir, load_run
+    from headhunt.rundir import load_run
 
     config = SinkConfig(
         tau=args.tau,
@@ -156,9 +168,6 @@ def run(args: argparse.Namespace) -> int:
         eps=args.eps,
         eps_tokens=args.eps_tokens,
     )
-    require(args.n_texts >= 1, "--n-texts must be at least 1")
-    require(args.length is None or args.length >= 2, "--length must be at least 2")
-    texts = read_texts(args.texts)  # bad files fail before the model loads
     params = {
         **config.to_dict(),
         "model": args.model,
@@ -171,29 +180,36 @@ def run(args: argparse.Namespace) -> int:
     model = open_model(args)
     t_load = time.perf_counter() - t0
     inputs = build_inputs(model, texts, args.length, args.n_texts)
-    run_dir = RunDir.open(
-        args.out, "sinks", resume=args.resume, force=args.force, parameters=params
+    run_dir = distributed.open_run(
+        dist, args.out, "sinks", resume=args.resume, force=args.force, parameters=params
     )
     if run_dir.complete:
-        done = load_run(run_dir.out)
-        show(
-            done.json("summary.json"),
-            HeadScores.read_parquet(run_dir.out / "scores.parquet"),
-            args.top,
-        )
+        if dist.is_main:
+            done = load_run(run_dir.out)
+            show(
+                done.json("summary.json"),
+                HeadScores.read_parquet(run_dir.out / "scores.parquet"),
+                args.top,
+            )
         return 0
 
-    done = {r["text"]: TextSinks.from_dict(r) for r in run_dir.records(RECORDS)}
-    if done:
+    # Texts are dealt round-robin over the ranks; each keeps its finished texts in its shard.
+    done = {r["text"] for r in distributed.shard_records(run_dir, RECORDS)}
+    if done and dist.is_main:
         print(f"resuming: {len(done)} of {len(inputs)} texts already done")
+    shard = distributed.shard_name(dist, RECORDS)
+    mine = [i for i in dist.share(list(range(len(inputs)))) if i not in done]
     t1 = time.perf_counter()
-    for i, ids in enumerate(tqdm(inputs, desc="texts", unit="text")):
-        if i not in done:
-            rec = analyze_text(model, ids, config, index=i)
-            run_dir.append_record(rec.to_dict(), RECORDS)
-            done[i] = rec
-    t_texts = time.perf_counter() - t1
-    result = summarize([done[i] for i in range(len(inputs))], model, config)
+    for i in tqdm(mine, desc="texts", unit="text", disable=not dist.is_main):
+        rec = analyze_text(model, inputs[i], config, index=i)
+        run_dir.append_record(rec.to_dict(), shard)
+    t_texts = max(dist.gather(time.perf_counter() - t1))  # also waits for every rank's shard
+    if not dist.is_main:
+        return 0
+    by_text = {r["text"]: r for r in distributed.shard_records(run_dir, RECORDS)}
+    records = [by_text[i] for i in range(len(inputs))]
+    distributed.merge_records(run_dir, RECORDS, records)
+    result = summarize([TextSinks.from_dict(r) for r in records], model, config)
     result.scores.to_parquet(run_dir.path("scores.parquet"))
     result.sinks.to_parquet(run_dir.path("sinks.parquet"), index=False)
     result.tokens.to_csv(run_dir.path("sink_tokens.csv"), index=False)
@@ -204,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         model=model.describe(),
         parameters=params,
         timings={"load_model_s": t_load, "texts_s": t_texts},
-        extra={"summary": result.summary},
+        extra={"processes": dist.world, "summary": result.summary},
     )
     show(result.summary, result.scores, args.top, result.tokens)
     print(f"run directory: {out}")

@@ -1,0 +1,47 @@
+"""`headhunt sinks --nproc 2`: two gloo processes on the CPU write the run directory of one, and a
+run interrupted with its texts split over rank shards resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from headhunt.cli import main
+
+WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
+
+
+def assert_same_run(one, two) -> None:
+    """Every file but the manifest (timings) and the HTML (random element ids) is identical."""
+    files = {p.name for p in one.iterdir()}
+    assert files == {p.name for p in two.iterdir()}
+    for name in sorted(files - {"manifest.json"}):
+        if not name.endswith(".html"):
+            assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
+    assert m1["parameters"] == m2["parameters"] and m1["files"] == m2["files"]
+    assert (m1["processes"], m2["processes"]) == (1, 2)
+
+
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5, 3)))
+    one, two = tmp_path / "one", tmp_path / "two"
+    argv = ["sinks", "--model", str(tiny_folder), "--texts", str(texts), "--device", "cpu"]
+    argv += ["--min-queries", "8", "--eps-tokens", "16"]
+    assert main([*argv, "--out", str(one)]) == 0
+    assert main([*argv, "--out", str(two), "--nproc", "2"]) == 0
+    assert_same_run(one, two)
+    assert not list(two.glob("*.rank*.jsonl"))
+
+    # Interrupted: rank 0 finished text 0 of its 0 and 2, rank 1 nothing of its text 1.
+    partial = tmp_path / "three.partial"
+    partial.mkdir()
+    lines = (one / "texts.jsonl").read_text().splitlines()
+    (partial / "texts.rank0.jsonl").write_text(lines[0] + "\n")
+    (partial / "texts.rank1.jsonl").write_text("")
+    three = tmp_path / "three"
+    assert main([*argv, "--out", str(three), "--resume"]) == 0
+    for name in ("texts.jsonl", "scores.parquet", "summary.json"):
+        assert (one / name).read_bytes() == (three / name).read_bytes(), name
+    assert not os.path.exists(partial)

@@ -1,0 +1,130 @@
+"""`--device-map` (accelerate's dispatch): every analysis gives the numbers of the undispatched
+model, through accelerate's hooks on a CPU map here and split over two GPUs on a 2-GPU machine."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from headhunt.cli import main
+from headhunt.probes.hooked import HookedModel, dispatch, parse_device_map
+
+WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
+MODULES = ["model.embed_tokens", "model.rotary_emb", "model.layers.0", "model.layers.1"]
+MODULES += ["model.norm", "lm_head"]
+
+
+def layer_map(first, second) -> dict:
+    """Embeddings and layer 0 on ``first``; layer 1, the final norm and the LM head on ``second``."""
+    return dict(zip(MODULES, [first, first, first, second, second, second], strict=True))
+
+
+def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5)))
+    model = ["--model", str(tiny_folder), "--dtype", "float32"]
+    return {
+        "sinks": ["sinks", *model, "--texts", str(texts), "--min-queries", "8"],
+        "ngram": ["ngram", *model, "--n-seqs", "2", "--repeat-len", "12", "--planted-len", "60"]
+        + ["--inputs", "random,planted", "--k-max", "3"],
+        "mqar": ["mqar", *model, "--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6"]
+        + ["--examples", "3", "--heads-cell", "2,0", "--head-examples", "3", "--top-k", "2"]
+        + ["--random-sets", "1"],
+        "retrieval": ["retrieval", *model, "--lengths", "128", "--depths", "0,100"]
+        + ["--needles", "passkey", "--max-new-tokens", "3"],
+    }
+
+
+FILES = {
+    "sinks": ["texts.jsonl", "summary.json"],
+    "ngram": ["records-random.jsonl", "records-planted.jsonl"],
+    "mqar": ["cells.jsonl", "masking.jsonl"],
+    "retrieval": ["trials.jsonl", "retrieval_heads.json"],
+}
+
+
+def compare_runs(a, b, method: str, exact: bool) -> None:
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    assert ma["parameters"] == mb["parameters"]
+    sa, sb = (pd.read_parquet(d / "scores.parquet") for d in (a, b))
+    if exact:
+        pd.testing.assert_frame_equal(sa, sb)
+        for name in FILES[method]:
+            assert (a / name).read_text() == (b / name).read_text(), name
+    else:
+        pd.testing.assert_frame_equal(sa, sb, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval"])
+def test_cli_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path, method):
+    argv = commands(tiny_folder, tmp_path)[method]
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    assert main([*argv, "--device", "cpu", "--out", str(plain)]) == 0
+    dm = json.dumps(layer_map("cpu", "cpu"))
+    assert main([*argv, "--device-map", dm, "--out", str(mapped)]) == 0
+    compare_runs(plain, mapped, method, exact=True)
+
+
+def test_auto_on_a_machine_without_gpus_is_the_cpu(tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = commands(tiny_folder, tmp_path)["sinks"]
+    plain, auto = tmp_path / "plain", tmp_path / "auto"
+    assert main([*argv, "--device", "cpu", "--out", str(plain)]) == 0
+    assert main([*argv, "--device-map", "auto", "--out", str(auto)]) == 0
+    compare_runs(plain, auto, "sinks", exact=True)
+    assert json.loads((auto / "manifest.json").read_text())["model"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("everywhere", "unknown --device-map 'everywhere'"),
+        ("{not json", "--device-map is not valid JSON"),
+        ('{"": "tpu"}', "unknown device 'tpu'"),
+    ],
+)
+def test_bad_device_map_is_one_line(tiny_folder, tmp_path, capsys, value, message):
+    argv = commands(tiny_folder, tmp_path)["sinks"]
+    assert main([*argv, "--device-map", value, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+
+
+def test_nproc_and_device_map_do_not_combine(tiny_folder, tmp_path, capsys):
+    argv = commands(tiny_folder, tmp_path)["sinks"]
+    code = main([*argv, "--device-map", "auto", "--nproc", "2", "--out", str(tmp_path / "r")])
+    assert code == 2 and "do not combine" in capsys.readouterr().err
+
+
+def test_parse_device_map():
+    assert parse_device_map("auto") == "auto"
+    assert parse_device_map('{"model": "cpu", "lm_head": 0}') == {"model": "cpu", "lm_head": 0}
+
+
+def test_dispatched_model_reports_its_devices():
+    from headhunt.probes.tiny import tiny_llama
+
+    m = tiny_llama()
+    hm = HookedModel(
+        model=dispatch(m.model, layer_map("cpu", "cpu")), tokenizer=m.tokenizer, name="t"
+    )
+    assert hm.devices == ["cpu"] and hasattr(hm.model, "_hf_hook")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval"])
+def test_split_over_two_gpus_matches_one_gpu(tiny_folder, tmp_path, method):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    argv = commands(tiny_folder, tmp_path)[method]
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert main([*argv, "--device", "cuda:0", "--out", str(one)]) == 0
+    dm = json.dumps(layer_map("cuda:0", "cuda:1"))
+    assert main([*argv, "--device-map", dm, "--out", str(split)]) == 0
+    manifest = json.loads((split / "manifest.json").read_text())
+    assert manifest["model"]["devices"] == ["cuda:0", "cuda:1"]
+    compare_runs(one, split, method, exact=False)
