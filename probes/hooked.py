@@ -198,9 +198,15 @@ def load_model(
     """
     from headhunt.probes.loading import load_hf
 
-    model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
     if device_map is not None:
-        return HookedModel(model=dispatch(model, device_map, dtype), tokenizer=tok, name=spec)
+        dm, dt = _placement(device_map, dtype)
+        model, tok = load_hf(
+            spec, trust_remote_code=trust_remote_code, device_map=dm, dtype=str(dt)[6:]
+        )
+        if getattr(model, "hf_device_map", None) is None:  # a first GGUF load: on the CPU
+            model = dispatch(model, dm, dtype)
+        return HookedModel(model=model, tokenizer=tok, name=spec)
+    model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     model = model.to(device=dev, dtype=dt)
@@ -212,12 +218,12 @@ def _run_on_own_device(module: torch.nn.Module) -> None:
     kernels) launches on the current device and stream, not on the device of its tensors."""
     if getattr(module, "headhunt_own_device", False):
         return
-    dev = next(module.parameters()).device
-    if dev.type != "cuda":
-        return
     forward = module.forward
 
     def on_device(*args: Any, **kwargs: Any) -> Any:
+        dev = next(module.parameters()).device  # read at each call: the model may move
+        if dev.type != "cuda":
+            return forward(*args, **kwargs)
         with torch.cuda.device(dev):
             return forward(*args, **kwargs)
 
@@ -257,35 +263,44 @@ def parse_device_map(device_map: str | dict) -> str | dict[str, str | int]:
     return out
 
 
-def dispatch(model: Any, device_map: str | dict, dtype: str | None = "auto") -> Any:
-    """Cast ``model`` and spread it over devices with accelerate's ``dispatch_model``."""
+def _placement(device_map: str | dict, dtype: str | None) -> tuple[str | dict, torch.dtype]:
+    """The parsed map (a mode becomes ``{"": "cpu"}`` where there is no GPU) and the dtype
+    ("auto": bf16 when the first device is a GPU)."""
     try:
-        from accelerate import dispatch_model, infer_auto_device_map
-        from accelerate.utils import get_balanced_memory
+        import accelerate  # noqa: F401
     except ImportError:
         raise HeadhuntError(
             "--device-map needs the `accelerate` package: pip install accelerate"
         ) from None
     dm = parse_device_map(device_map)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if isinstance(dm, str) and not gpus:
+        dm = {"": "cpu"}  # no GPU: the whole model on the CPU, as --device cpu
     if isinstance(dm, str):
-        first = torch.device("cuda:0" if gpus else "cpu")
+        first = torch.device("cuda:0")
     else:
-        devs = [d for d in dm.values() if d != "disk"]
+        devs = [d for d in dm.values() if d != "disk"] or ["cpu"]
         first = torch.device(f"cuda:{devs[0]}" if isinstance(devs[0], int) else devs[0])
-    dt = pick_dtype(dtype, first)
+    return dm, pick_dtype(dtype, first)
+
+
+def dispatch(model: Any, device_map: str | dict, dtype: str | None = "auto") -> Any:
+    """Cast an in-memory ``model`` and spread it over devices with accelerate's
+    ``dispatch_model`` (:func:`load_model` instead has transformers place the weights as it
+    reads them)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    dm, dt = _placement(device_map, dtype)
     model = model.to(dtype=dt)
     if isinstance(dm, str):
-        if not gpus:
-            dm = {"": "cpu"}  # no GPU: the whole model on the CPU, as --device cpu
-        else:
-            no_split = list(getattr(model, "_no_split_modules", None) or [])
-            max_memory = None
-            if dm in ("auto", "balanced"):
-                max_memory = get_balanced_memory(model, no_split_module_classes=no_split, dtype=dt)
-            dm = infer_auto_device_map(
-                model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dt
-            )
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+        max_memory = None
+        if dm in ("auto", "balanced"):
+            max_memory = get_balanced_memory(model, no_split_module_classes=no_split, dtype=dt)
+        dm = infer_auto_device_map(
+            model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dt
+        )
     import logging
 
     log = logging.getLogger("accelerate.big_modeling")

@@ -101,11 +101,13 @@ def check_gguf(path: Path) -> str:
     return arch
 
 
-def _load_gguf(path: Path):
+def _load_gguf(path: Path, **placement):
     """Load a GGUF through a dequantised safetensors copy kept in the cache.
 
     transformers dequantises GGUF on every load (about 30 s even for 135M parameters); the
     cached folder loads in about a second and, being safetensors, never unpickles anything.
+    ``placement`` (``device_map``, ``dtype``) applies to loads from the cached copy; the first,
+    converting load returns the float32 model on the CPU.
     """
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[
@@ -113,7 +115,7 @@ def _load_gguf(path: Path):
     ]
     folder = cache_root() / "gguf" / f"{path.stem}-{key}"
     if (folder / ".complete").is_file():
-        return _load_folder(folder)
+        return _load_folder(folder, **placement)
     check_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,8 +149,23 @@ def _load_gguf(path: Path):
     return model, tok
 
 
-def _load_folder(folder: Path | str, *, local_only: bool = True, trust_remote_code: bool = False):
+def _load_folder(
+    folder: Path | str,
+    *,
+    local_only: bool = True,
+    trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
+    dtype: str | None = None,
+):
+    """(model, tokenizer) of a Hugging Face folder: float32 on the CPU, or, with a
+    ``device_map``, loaded straight onto those devices in ``dtype`` (transformers and
+    accelerate place each weight as it is read, so a model larger than one GPU never needs
+    a float32 copy in host memory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    placement = {"dtype": "float32"}
+    if device_map is not None:
+        placement = {"device_map": device_map, "dtype": dtype or "float32"}
 
     try:
         with warnings.catch_warnings():
@@ -160,7 +177,7 @@ def _load_folder(folder: Path | str, *, local_only: bool = True, trust_remote_co
                 folder,
                 local_files_only=local_only,
                 trust_remote_code=trust_remote_code,
-                dtype="float32",
+                **placement,
             )
     except OSError as e:
         if isinstance(folder, str):
@@ -177,8 +194,9 @@ def _load_folder(folder: Path | str, *, local_only: bool = True, trust_remote_co
     return model, tok
 
 
-def load_hf(spec: str, *, trust_remote_code: bool = False):
-    """Load (model, tokenizer) for a spec, in float32 on the CPU; the caller moves it."""
+def load_hf(spec: str, *, trust_remote_code: bool = False, **placement):
+    """Load (model, tokenizer) for a spec, in float32 on the CPU (the caller moves it), or
+    with ``device_map=`` and ``dtype=`` placed by transformers (see :func:`_load_folder`)."""
     from transformers.utils import logging as hf_logging
 
     # Loading bars and notices would bury the one line a user needs when something is wrong.
@@ -186,8 +204,8 @@ def load_hf(spec: str, *, trust_remote_code: bool = False):
     hf_logging.set_verbosity_error()
     kind, where = resolve_spec(spec)
     if kind == "gguf":
-        return _load_gguf(Path(where))
+        return _load_gguf(Path(where), **placement)
     if kind == "folder":
-        return _load_folder(Path(where), trust_remote_code=trust_remote_code)
+        return _load_folder(Path(where), trust_remote_code=trust_remote_code, **placement)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return _load_folder(str(where), trust_remote_code=trust_remote_code)
+    return _load_folder(str(where), trust_remote_code=trust_remote_code, **placement)

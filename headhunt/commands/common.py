@@ -104,6 +104,9 @@ def open_model(args: argparse.Namespace):
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch. With ``HEADHUNT_DETERMINISTIC=1`` also ask torch, cuBLAS
+    and cuDNN for deterministic kernels (and keep SDPA off cuDNN's heuristic engines)."""
+    import os
     import random
 
     import numpy as np
@@ -112,6 +115,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if os.environ.get("HEADHUNT_DETERMINISTIC", "") not in ("", "0"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:

@@ -105,14 +105,21 @@ def test_parse_device_map():
     assert parse_device_map('{"model": "cpu", "lm_head": 0}') == {"model": "cpu", "lm_head": 0}
 
 
-def test_dispatched_model_reports_its_devices():
+def test_dispatch_keeps_the_statistics_and_reports_the_devices():
+    from headhunt.probes.capture import capture_attention_stats
     from headhunt.probes.tiny import tiny_llama
 
     m = tiny_llama()
+    ids = torch.randint(0, 40, (2, 48))
+    ref = capture_attention_stats(m, ids)
     hm = HookedModel(
         model=dispatch(m.model, layer_map("cpu", "cpu")), tokenizer=m.tokenizer, name="t"
     )
-    assert hm.devices == ["cpu"] and hasattr(hm.model, "_hf_hook")
+    assert hm.devices == ["cpu"] and hasattr(hm.model, "_hf_hook")  # accelerate's hooks
+    got = capture_attention_stats(hm, ids)
+    for layer in ref:
+        for name in ("lse", "argmax", "col_sum"):
+            assert torch.equal(getattr(ref[layer], name), getattr(got[layer], name)), name
 
 
 @pytest.mark.gpu
@@ -128,3 +135,7 @@ def test_split_over_two_gpus_matches_one_gpu(tiny_folder, tmp_path, method):
     manifest = json.loads((split / "manifest.json").read_text())
     assert manifest["model"]["devices"] == ["cuda:0", "cuda:1"]
     compare_runs(one, split, method, exact=False)
+    if method == "sinks":  # the balanced map that transformers computes also runs
+        auto = tmp_path / "auto"
+        assert main([*argv, "--device-map", "auto", "--out", str(auto)]) == 0
+        compare_runs(one, auto, method, exact=False)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 8 (scale out) on a lent 2-GPU machine, in two calls that follow each other at once
+# (the embedded GGUF travels in two halves, .carry/p1 and .carry/p2):
+#   call 1 (carry .carry/p1 and .whl): bash benchmarks/gpu_scale.sh 1
+#       wheels and package layout; --device-map tests on two GPUs; the 8B-shaped Llama split
+#       over both GPUs at long context (benchmarks/bench_device_map.py)
+#   call 2 (carry .carry/p2): bash benchmarks/gpu_scale.sh 2
+#       the 600-trial retrieval grid: 1 GPU, 2 GPUs, 1 GPU again on each card (run-to-run and
+#       card-to-card), and the same with HEADHUNT_DETERMINISTIC=1; compare_retrieval.py
+set -u
+PART=${1:-1}
+REPO=$PWD
+G=/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf
+layout() {
+  mkdir -p /tmp/pkg/headhunt
+  cp -r headhunt/* /tmp/pkg/headhunt/
+  for d in probes heads kernels sae app; do ln -sfn "$PWD/$d" "/tmp/pkg/headhunt/$d"; done
+  export PYTHONPATH=/tmp/pkg:/tmp/site HEADHUNT_CACHE=/tmp/hhcache PYTHONUNBUFFERED=1
+  export OMP_NUM_THREADS=4
+}
+if [ "$PART" = 1 ]; then
+  mkdir -p /tmp/m && cp .carry/p1/gguf.part.aa /tmp/m/
+  source benchmarks/device_setup.sh
+  layout
+  nvidia-smi -L | tee "$OUT/gpus.txt"
+  python3 -c "import accelerate, torch, transformers; print('accelerate', accelerate.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpus.txt"
+  cd /tmp
+  timeout 150 python3 -m pytest "$REPO/tests/probes/test_device_map.py" --device cuda -q \
+    -p no:cacheprovider -k "two_gpus" 2>&1 | tee "$OUT/pytest_device_map.log" | tail -15
+  timeout 300 python3 "$REPO/benchmarks/bench_device_map.py" --lengths 32768,65536 --single \
+    --out "$OUT/device_map_llama8b.json" 2>&1 | tee "$OUT/bench_device_map.log" | tail -12
+  exit 0
+fi
+
+[ -f $G ] || cat /tmp/m/gguf.part.aa .carry/p2/gguf.part.ab > $G
+layout
+cd /tmp  # so `python3 -m headhunt` finds the installed layout, not the checkout's headhunt/ folder
+L=$(python3 -c "print(','.join(str(400 * i) for i in range(1, 21)))")
+D=0,11,22,33,44,56,67,78,89,100
+LOG="$OUT/retrieval_runs.log"
+run() {  # run NAME [options]: one retrieval run of the 600-trial grid into /tmp/NAME
+  local name=$1
+  shift
+  echo "== $name $* (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all} DET=${HEADHUNT_DETERMINISTIC:-0})" >>"$LOG"
+  timeout 150 python3 -m headhunt retrieval --model $G --out /tmp/$name --lengths "$L" --depths $D \
+    --force "$@" 2>&1 | grep -v "trials:\|Convert" | tail -4 >>"$LOG"
+}
+run r1a --nproc 1                                             # the 1-GPU baseline, alone
+run r2 --nproc 2                                              # 2 GPUs
+CUDA_VISIBLE_DEVICES=0 run r1b & CUDA_VISIBLE_DEVICES=1 run r1c & wait   # again, on each card
+export HEADHUNT_DETERMINISTIC=1
+CUDA_VISIBLE_DEVICES=0 run d1a & CUDA_VISIBLE_DEVICES=1 run d1b & wait
+run d2 --nproc 2
+unset HEADHUNT_DETERMINISTIC
+{
+  echo '{"vs_r1a":'
+  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/r1a /tmp/r2 /tmp/r1b /tmp/r1c /tmp/d1a
+  echo ', "r1b_vs_r1c":'
+  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/r1b /tmp/r1c
+  echo ', "deterministic":'
+  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/d1a /tmp/d1b /tmp/d2
+  echo '}'
+} >"$OUT/compare.json"
+cp /tmp/r1a/manifest.json "$OUT/manifest_r1a.json"
+cp /tmp/r2/manifest.json "$OUT/manifest_r2.json"
+python3 - "$OUT/compare.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for group, rows in c.items():
+    for r in rows:
+        print(group, r["base"], "vs", r["other"], "| scores differ:", r["scores_differ"],
+              "responses differ:", r["responses_differ"], "max diff:", round(r["max_score_diff"], 3),
+              "| trials_s:", r["trials_s"], "speed-up:", round(r["speed_up"], 3))
+PY
