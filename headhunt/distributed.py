@@ -1,7 +1,7 @@
 """Data parallelism over trials and texts with torch.distributed (NCCL on GPUs, gloo on CPU).
 
-``headhunt retrieval|sinks|ngram|mqar --nproc N`` relaunches itself under
-``torch.distributed.run`` (you may also start it with ``torchrun`` yourself). Each process holds
+``headhunt retrieval|sinks|ngram|mqar --nproc N`` relaunches itself in N processes with the
+environment ``torchrun --standalone`` gives (you may also start it with ``torchrun`` yourself). Each process holds
 one model replica (on ``cuda:LOCAL_RANK`` when there are GPUs), takes every N-th unit of work of
 the single-process plan (a whole batch, a text, a grid cell: never a different batching than one
 process would use), keeps its finished units in its own shard file (so resuming works per shard),
@@ -87,19 +87,59 @@ def init() -> Dist:
 
 
 def launch(argv: list[str], nproc: int) -> int:
-    """Run ``headhunt ARGV`` in ``nproc`` processes under torch.distributed.run."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "headhunt",
-        *argv,
+    """Run ``headhunt ARGV`` in ``nproc`` processes on this machine, with the environment
+    ``torchrun --standalone`` would give them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT). When one fails, the others are stopped (they would wait for it in the next
+    collective). Returns rank 0's exit status, else the first failure's. Only rank 0 reports
+    errors, in one line (no launcher traceback)."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "headhunt", *argv],
+            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(nproc)
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(cmd, env=env)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        raise
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    try:
+        for p in procs:
+            p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+    codes = [p.wait() for p in procs]
+    failed = [c for c in codes if c != 0]
+    if codes[0] not in (0, -signal.SIGTERM):
+        return codes[0]
+    return next((c for c in failed if c != -signal.SIGTERM), failed[0] if failed else 0)
 
 
 def strip_option(argv: list[str], name: str) -> list[str]:
@@ -128,11 +168,17 @@ def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], in
                 "or one model over all GPUs)"
             )
         return launch(strip_option(args.argv, "--nproc"), nproc)
+    from headhunt.errors import HeadhuntError
+
     dist = init()
     try:
         if dist.active:
             args.device = dist.device(args.device)
         return body(args, dist)
+    except HeadhuntError:
+        if dist.is_main:
+            raise
+        return 2  # every rank meets the same bad input: rank 0 alone reports it
     finally:
         dist.close()
 

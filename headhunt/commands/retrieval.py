@@ -92,17 +92,9 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from headhunt import distributed
 
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return distributed.launch(distributed.strip_option(args.argv, "--nproc"), args.nproc)
-    dist = distributed.init()
-    try:
-        return _run(args, dist)
-    finally:
-        dist.close()
+    return distributed.main(args, _run)
 
 
 def _run(args: argparse.Namespace, dist) -> int:
