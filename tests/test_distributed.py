@@ -48,3 +48,12 @@ def test_two_processes_match_one(tiny_folder, tmp_path):
         pd.read_parquet(one / "scores.parquet"), pd.read_parquet(two / "scores.parquet")
     )
     assert not list(two.glob("trials.rank*.jsonl"))
+
+
+def test_a_failing_group_reports_one_line(tiny_folder, tmp_path, capfd):
+    out = tmp_path / "run"
+    argv = ["sinks", "--model", str(tiny_folder), "--device", "cpu", "--length", "5000"]
+    assert main([*argv, "--nproc", "2", "--out", str(out)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == ["headhunt sinks: error: --length 5000 exceeds the model's context (1024 tokens)"]
+    assert not out.exists() and not (tmp_path / "run.partial").exists()
