@@ -69,6 +69,19 @@ class KernelConfig:
         row_pipeline: Issue the next key tile's q.k product before the current tile's
             softmax work in pass 1 (lets the tensor cores overlap the exp2 work).
         col_pipeline: The same for the query loop of pass 2.
+        row_exp: How pass 1 evaluates its exponentials (arguments <= 0, computed in fp32,
+            results summed in fp32): 0 ``tl.math.exp2``; 1 rounded to fp16 and two per
+            ``ex2.approx.f16x2`` (relative error ~1e-3 per term); 2 ``ex2.approx.ftz.f32``;
+            3 half of them as in 2, half by a polynomial on the FMA units (relative error
+            7.5e-5 per term). fp32 inputs use 2 instead of 1 or 3.
+        col_exp: The same for pass 2's ``p = exp2(s - lse)``.
+        row_ws: Warp-specialize pass 1's unmasked key loop (``tl.range(...,
+            warp_specialize=True)``; only without ``row_pipeline``).
+        col_ws: The same for pass 2's unmasked query loop (without ``col_pipeline``).
+        row_tma: Pass 1 loads q and k tiles by bulk tensor copies (TMA descriptors)
+            where the inputs allow it (compiled, contiguous, power-of-two d, Hopper or
+            later); else pointer loads.
+        col_tma: The same for pass 2.
     """
 
     row_block_m: int = 128
@@ -82,6 +95,20 @@ class KernelConfig:
     argmax_mode: int = 1
     row_pipeline: bool = False
     col_pipeline: bool = False
+    row_exp: int = 0
+    col_exp: int = 0
+    row_ws: bool = False
+    col_ws: bool = False
+    row_tma: bool = False
+    col_tma: bool = False
+
+
+def _exp_mode(mode: int, dtype: torch.dtype) -> int:
+    """The exp2 mode a launch uses: fp32 inputs (tolerance 1e-3) never get the fp16 (1)
+    or polynomial (3) exponentials, only the exact-enough fp32 ones (0, 2)."""
+    if dtype == torch.float32 and mode in (1, 3):
+        return 2
+    return mode
 
 
 def default_config(head_dim: int) -> KernelConfig:
@@ -96,13 +123,112 @@ def default_config(head_dim: int) -> KernelConfig:
     """
     if _interpreting():
         return KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
-    # Fastest variants of the sweep in benchmarks/bench_kernels.py --sweep on an H200 at
-    # n = 16k, causal, bf16 (pass 1 ranked on random + attention-sink data; BENCHMARKS.md).
-    # d <= 64 (9q/3kv): max-then-index argmax with a software-pipelined key loop, and
-    # 64-key column tiles; d = 128 (32q/8kv): skip-when-no-row-improves argmax.
+    # Fastest variants of benchmarks/bench_kernels.py --sweep / --sweep-exp on an H200 at
+    # n = 16k, causal, bf16 (pass 1 ranked on random + attention-sink data; BENCHMARKS.md):
+    # q and k tiles by TMA where the inputs allow (row_tma / col_tma); pass 1 with 64-row
+    # query tiles, 128-key tiles, max-then-index argmax and a software-pipelined key loop;
+    # pass 2 with 64 x 128 tiles for d <= 64 and 128 x 64 for d = 128.
     if head_dim <= 64:
-        return KernelConfig(128, 64, 4, 3, 64, 128, 4, 3, argmax_mode=2, row_pipeline=True)
-    return KernelConfig(128, 64, 4, 3, 128, 64, 4, 3, argmax_mode=3)
+        col = (64, 128, 4, 3)
+    else:
+        col = (128, 64, 4, 3)
+    return KernelConfig(
+        64, 128, 4, 3, *col, argmax_mode=2, row_pipeline=True, row_tma=True, col_tma=True
+    )
+
+
+@triton.jit
+def _exp2_ftz(x, ASM: tl.constexpr):
+    """fp32 ``exp2`` as ``ex2.approx.ftz.f32`` (one MUFU op, results below 2**-126 -> 0)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
+def _exp2_poly(x):
+    """``exp2(x)`` for ``x <= 0`` on the FMA/integer units, no special-function unit.
+
+    ``x = n + f`` with ``n = rint(x)`` (the 1.5 * 2**23 trick) and ``f`` in [-0.5, 0.5];
+    ``2**f`` by a degree-3 polynomial (max relative error 7.5e-5), and ``n`` added to
+    the exponent bits. ``x`` is clamped at -125 (so -inf gives 2**-125, not 0).
+    """
+    x = tl.maximum(x, -125.0)
+    t = x + 12582912.0
+    n = t - 12582912.0
+    f = x - n
+    p = ((0.05517162704802579 * f + 0.2426111716750332) * f + 0.6932609977919704) * f
+    p = p + 0.999928070831383
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2(x, MODE: tl.constexpr, ASM: tl.constexpr):
+    """``exp2(x)`` of a [rows, cols] tile, ``x <= 0`` (or -inf) wherever it is used.
+
+    MODE (see KernelConfig.row_exp): 0 ``tl.math.exp2``; 1 through fp16, two per
+    ``ex2.approx.f16x2``; 2 ``ex2.approx.ftz.f32``; 3 like 2 for the even columns and
+    :func:`_exp2_poly` on the FMA units for the odd ones (splits the work between the
+    two kinds of units). Under the interpreter (``ASM`` off) the asm is replaced by
+    ``tl.math.exp2`` with the same fp16 roundings.
+    """
+    if MODE == 1:
+        h = x.to(tl.float16)
+        if ASM:
+            h = tl.inline_asm_elementwise(
+                "ex2.approx.f16x2 $0, $1;", "=r,r", [h], dtype=tl.float16, is_pure=True, pack=2
+            )
+        else:
+            h = tl.math.exp2(h.to(tl.float32)).to(tl.float16)
+        return h.to(tl.float32)
+    elif MODE == 2:
+        return _exp2_ftz(x, ASM)
+    elif MODE == 3:
+        ev, od = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+        e = tl.join(_exp2_ftz(ev, ASM), _exp2_poly(od))
+        return tl.reshape(e, [x.shape[0], x.shape[1]])
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
+def _load_rows(
+    X,
+    base,
+    flat0,
+    start,
+    offs,
+    limit,
+    stride,
+    d_ok,
+    ROWMASK: tl.constexpr,
+    TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Rows ``start + offs`` of one head's [n, d] matrix (zeros past ``limit``).
+
+    ``TMA``: one bulk tensor copy from the descriptor ``X`` over the flattened
+    [heads * n, d] tensor at row ``flat0 + start`` (rows past this head's end come
+    from the next head or are zero-filled; callers mask them). Otherwise a pointer
+    load from ``base`` (a [1, BLOCK_D] row of pointers to d), masked on rows only
+    when ``ROWMASK``.
+    """
+    if TMA:
+        t = X.load([flat0 + start, 0])
+    else:
+        rows = start + offs
+        ptrs = base + rows.to(tl.int64)[:, None] * stride
+        if ROWMASK:
+            t = tl.load(ptrs, mask=(rows[:, None] < limit) & d_ok[None, :], other=0.0)
+        else:
+            t = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    if UPCAST:
+        t = t.to(tl.float32)
+    return t
 
 
 @triton.jit
@@ -119,6 +245,8 @@ def _row_update(
     ENTROPY: tl.constexpr,
     ARGMAX: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EXP: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state.
 
@@ -156,7 +284,9 @@ def _row_update(
     m_scaled = m_new * qk_scale
     alpha = tl.math.exp2(m_i * qk_scale - m_scaled)
     shifted = s * qk_scale - m_scaled[:, None]
-    e = tl.math.exp2(shifted)
+    # Mode 3's polynomial gives 2**-125 instead of 0 at -inf: never on masked tiles,
+    # where a row that sees no key must keep l = 0.
+    e = _exp2(shifted, EXP if not MASKED or EXP != 3 else 2, ASM)
     if ENTROPY:
         # t re-based to the new max; masked entries would give 0 * (-inf) = NaN, so
         # they are zeroed explicitly.
@@ -198,6 +328,10 @@ def _row_stats_kernel(
     PIPELINE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    EXP: tl.constexpr,
+    ASM: tl.constexpr,
+    WS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Query tiles run longest-first (the last tile sees the most keys under the causal
     # mask), so the long programs start in the first wave and the tail stays short.
@@ -215,17 +349,18 @@ def _row_stats_kernel(
 
     # 64-bit offsets: a [b, n, h, d] view has row stride h * d, so n * stride can pass
     # 2**31 at long contexts; these are per-row/per-tile, not per-element, costs.
-    q_ptrs = (
-        Q
-        + b.to(tl.int64) * stride_qb
-        + h.to(tl.int64) * stride_qh
-        + offs_m.to(tl.int64)[:, None] * stride_qm
-        + offs_d[None, :]
+    # With TMA, Q and K are descriptors over contiguous [b * heads * n, d] tensors.
+    q_flat0 = pid_bh * nq
+    k_flat0 = (b * (hq // group) + kvh) * nk
+    if TMA:
+        q_base = Q
+        k_base = K
+    else:
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_d[None, :]
+        k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
+    q = _load_rows(
+        Q, q_base, q_flat0, m0, tl.arange(0, BLOCK_M), nq, stride_qm, d_ok, True, TMA, UPCAST
     )
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < nq) & d_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
 
     # The running max (of raw q . k) starts at a finite -1e30 rather than -inf so that
     # the first rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for every row.
@@ -249,16 +384,12 @@ def _row_stats_kernel(
         # Software pipeline: the product for tile n0 is issued before the softmax work
         # on tile n0 - BLOCK_N, so the tensor cores and the exp2 units can overlap.
         if n_full > 0:
-            k_rows = offs_n.to(tl.int64)[:, None] * stride_kn
-            k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
+            k = _load_rows(K, k_base, k_flat0, 0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             for n0 in range(BLOCK_N, n_full, BLOCK_N):
-                k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
-                k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
-                if UPCAST:
-                    k = k.to(tl.float32)
+                k = _load_rows(
+                    K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST
+                )
                 s_next = tl.dot(q, tl.trans(k), input_precision=PRECISION)
                 m_i, l_i, a_i, t_i = _row_update(
                     s,
@@ -273,6 +404,8 @@ def _row_stats_kernel(
                     ENTROPY,
                     ARGMAX,
                     BLOCK_N,
+                    EXP,
+                    ASM,
                 )
                 s = s_next
             m_i, l_i, a_i, t_i = _row_update(
@@ -288,33 +421,72 @@ def _row_stats_kernel(
                 ENTROPY,
                 ARGMAX,
                 BLOCK_N,
+                EXP,
+                ASM,
+            )
+    elif WS:
+        for n0 in tl.range(0, n_full, BLOCK_N, warp_specialize=True):
+            k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            m_i, l_i, a_i, t_i = _row_update(
+                s,
+                m_i,
+                l_i,
+                a_i,
+                t_i,
+                n0,
+                s,
+                qk_scale,
+                False,
+                ENTROPY,
+                ARGMAX,
+                BLOCK_N,
+                EXP,
+                ASM,
             )
     else:
         for n0 in range(0, n_full, BLOCK_N):
-            k_rows = (n0 + offs_n).to(tl.int64)[:, None] * stride_kn
-            k = tl.load(k_base + k_rows, mask=d_ok[None, :], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
+            k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             m_i, l_i, a_i, t_i = _row_update(
-                s, m_i, l_i, a_i, t_i, n0, s, qk_scale, False, ENTROPY, ARGMAX, BLOCK_N
+                s,
+                m_i,
+                l_i,
+                a_i,
+                t_i,
+                n0,
+                s,
+                qk_scale,
+                False,
+                ENTROPY,
+                ARGMAX,
+                BLOCK_N,
+                EXP,
+                ASM,
             )
 
     for n0 in range(n_full, hi, BLOCK_N):
         cols = n0 + offs_n
-        k = tl.load(
-            k_base + cols.to(tl.int64)[:, None] * stride_kn,
-            mask=(cols[:, None] < nk) & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
+        k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         valid = cols[None, :] < nk
         if CAUSAL:
             valid = valid & (cols[None, :] <= pos[:, None])
         m_i, l_i, a_i, t_i = _row_update(
-            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, True, ENTROPY, ARGMAX, BLOCK_N
+            s,
+            m_i,
+            l_i,
+            a_i,
+            t_i,
+            n0,
+            valid,
+            qk_scale,
+            True,
+            ENTROPY,
+            ARGMAX,
+            BLOCK_N,
+            EXP,
+            ASM,
         )
 
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
@@ -360,6 +532,10 @@ def _col_stats_kernel(
     PIPELINE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    EXP: tl.constexpr,
+    ASM: tl.constexpr,
+    WS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Key tile 0 has the most visible queries under the causal mask and already runs
     # first in launch order, so no reordering is needed here.
@@ -375,17 +551,17 @@ def _col_stats_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    k_ptrs = (
-        K
-        + b.to(tl.int64) * stride_kb
-        + kvh.to(tl.int64) * stride_kh
-        + offs_n.to(tl.int64)[:, None] * stride_kn
-        + offs_d[None, :]
+    q_flat0 = pid_bh * nq
+    k_flat0 = (b * (hq // group) + kvh) * nk
+    if TMA:
+        q_base = Q
+        k_base = K
+    else:
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_d[None, :]
+        k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
+    k = _load_rows(
+        K, k_base, k_flat0, n0, tl.arange(0, BLOCK_N), nk, stride_kn, d_ok, True, TMA, UPCAST
     )
-    k = tl.load(k_ptrs, mask=(offs_n[:, None] < nk) & d_ok[None, :], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_d[None, :]
     lse_base = LSE + pid_bh * nq
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
 
@@ -401,17 +577,11 @@ def _col_stats_kernel(
 
     for m0 in range(m_lo, m_mid, BLOCK_M):
         rows = m0 + offs_m
-        q = tl.load(
-            q_base + rows.to(tl.int64)[:, None] * stride_qm,
-            mask=(rows[:, None] < nq) & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            q = q.to(tl.float32)
+        q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
         # Rows past nq read lse = +inf, so their exp2(s - inf) is exactly 0.
         lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
         st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
-        p = tl.math.exp2(st * qk_scale - lse2[None, :])
+        p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
         # Causal mask; it also drops rows with lse = -inf (positions < 0 see no key),
         # whose exp2(+inf) would otherwise poison the sum.
         p = tl.where(offs_n[:, None] <= q_offset + rows[None, :], p, 0.0)
@@ -422,43 +592,37 @@ def _col_stats_kernel(
         # exp2 work of the previous tile.
         if m_mid < nq:
             rows = m_mid + offs_m
-            q = tl.load(
-                q_base + rows.to(tl.int64)[:, None] * stride_qm,
-                mask=(rows[:, None] < nq) & d_ok[None, :],
-                other=0.0,
+            q = _load_rows(
+                Q, q_base, q_flat0, m_mid, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
             )
-            if UPCAST:
-                q = q.to(tl.float32)
             lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
             st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
             for m0 in range(m_mid + BLOCK_M, nq, BLOCK_M):
                 rows = m0 + offs_m
-                q = tl.load(
-                    q_base + rows.to(tl.int64)[:, None] * stride_qm,
-                    mask=(rows[:, None] < nq) & d_ok[None, :],
-                    other=0.0,
+                q = _load_rows(
+                    Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
                 )
-                if UPCAST:
-                    q = q.to(tl.float32)
                 lse2_next = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
                 st_next = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-                acc += tl.sum(tl.math.exp2(st * qk_scale - lse2[None, :]), axis=1)
+                acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
                 st = st_next
                 lse2 = lse2_next
-            acc += tl.sum(tl.math.exp2(st * qk_scale - lse2[None, :]), axis=1)
+            acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
+    elif WS:
+        for m0 in tl.range(m_mid, nq, BLOCK_M, warp_specialize=True):
+            rows = m0 + offs_m
+            q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
+            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+            p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
+            acc += tl.sum(p, axis=1)
     else:
         for m0 in range(m_mid, nq, BLOCK_M):
             rows = m0 + offs_m
-            q = tl.load(
-                q_base + rows.to(tl.int64)[:, None] * stride_qm,
-                mask=(rows[:, None] < nq) & d_ok[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                q = q.to(tl.float32)
+            q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
             lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
             st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-            p = tl.math.exp2(st * qk_scale - lse2[None, :])
+            p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
             acc += tl.sum(p, axis=1)
 
     out = pid_bh * nk + offs_n
@@ -497,6 +661,7 @@ class _Launch:
     qk_scale: float
     precision: str
     upcast: bool
+    tma: bool
     cfg: KernelConfig
 
 
@@ -531,6 +696,18 @@ def _prepare(
     # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
     # are what the tensor cores compute, so upcast the tiles there.
     upcast = _interpreting() and q.dtype == torch.bfloat16
+    cfg = config or default_config(d)
+    # Bulk tensor copies (TMA, Hopper and later) need contiguous [b, heads, n, d] tensors
+    # (flattened to [b * heads * n, d]), 16-byte aligned, and d a power of two.
+    tma = (
+        not _interpreting()
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and d == max(16, triton.next_power_of_2(d))
+        and q.data_ptr() % 16 == 0
+        and k.data_ptr() % 16 == 0
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+    )
     return _Launch(
         q=q,
         k=k,
@@ -545,7 +722,22 @@ def _prepare(
         qk_scale=float(scale) * _LOG2E,
         precision=precision,
         upcast=upcast,
-        cfg=config or default_config(d),
+        tma=tma,
+        cfg=cfg,
+    )
+
+
+def _operands(L: _Launch, q_rows: int, k_rows: int, use: bool):
+    """q and k as the kernels take them: tensors, or TMA descriptors over the flattened
+    [b * heads * n, d] tensors with [rows, d] blocks."""
+    if not (use and L.tma):
+        return L.q, L.k
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    q2, k2 = L.q.view(-1, L.d), L.k.view(-1, L.d)
+    return (
+        TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [q_rows, L.d]),
+        TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [k_rows, L.d]),
     )
 
 
@@ -557,9 +749,10 @@ def _launch_row(
         return
     cfg = L.cfg
     grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
+    q, k = _operands(L, cfg.row_block_m, cfg.row_block_n, cfg.row_tma)
     _row_stats_kernel[grid](
-        L.q,
-        L.k,
+        q,
+        k,
         lse,
         mx,
         arg,
@@ -586,6 +779,10 @@ def _launch_row(
         PIPELINE=cfg.row_pipeline,
         PRECISION=L.precision,
         UPCAST=L.upcast,
+        EXP=_exp_mode(cfg.row_exp, L.q.dtype),
+        ASM=not _interpreting(),
+        WS=cfg.row_ws and not _interpreting(),
+        TMA=cfg.row_tma and L.tma,
         num_warps=cfg.row_warps,
         num_stages=cfg.row_stages,
     )
@@ -597,9 +794,10 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> N
         return
     cfg = L.cfg
     grid = (triton.cdiv(L.nk, cfg.col_block_n), L.b * L.hq)
+    q, k = _operands(L, cfg.col_block_m, cfg.col_block_n, cfg.col_tma)
     _col_stats_kernel[grid](
-        L.q,
-        L.k,
+        q,
+        k,
         lse,
         col_sum,
         col_mean,
@@ -623,6 +821,10 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> N
         PIPELINE=cfg.col_pipeline,
         PRECISION=L.precision,
         UPCAST=L.upcast,
+        EXP=_exp_mode(cfg.col_exp, L.q.dtype),
+        ASM=not _interpreting(),
+        WS=cfg.col_ws and not _interpreting(),
+        TMA=cfg.col_tma and L.tma,
         num_warps=cfg.col_warps,
         num_stages=cfg.col_stages,
     )
