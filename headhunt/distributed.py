@@ -79,7 +79,9 @@ def init() -> Dist:
         return Dist()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not torch.distributed.is_initialized():
-        gpu = torch.cuda.is_available() and torch.cuda.device_count() > local
+        # The same choice on every rank: NCCL when each local process can have its own GPU.
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        gpu = torch.cuda.is_available() and torch.cuda.device_count() >= per_node
         if gpu:
             torch.cuda.set_device(local)
         torch.distributed.init_process_group(backend="nccl" if gpu else "gloo")
@@ -158,17 +160,24 @@ def strip_option(argv: list[str], name: str) -> list[str]:
 def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], int]) -> int:
     """Run a subcommand's ``body(args, dist)``: relaunched in ``args.nproc`` processes when
     that is above 1 (and not already under torchrun), else in this process's group."""
+    from headhunt.errors import HeadhuntError
+
     nproc = getattr(args, "nproc", 1)
+    if nproc < 1:
+        raise HeadhuntError(f"--nproc must be at least 1, got {nproc}")
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         if getattr(args, "device_map", None):
-            from headhunt.errors import HeadhuntError
-
             raise HeadhuntError(
                 "--nproc and --device-map do not combine (one model replica per process "
                 "or one model over all GPUs)"
             )
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus and args.device in ("auto", "cuda") and nproc > gpus:
+            raise HeadhuntError(
+                f"--nproc {nproc} needs {nproc} GPUs (one each); {gpus} visible "
+                "(use fewer processes, or --device cpu)"
+            )
         return launch(strip_option(args.argv, "--nproc"), nproc)
-    from headhunt.errors import HeadhuntError
 
     dist = init()
     try:
