@@ -72,3 +72,33 @@ for group, rows in c.items():
               "responses differ:", r["responses_differ"], "max diff:", round(r["max_score_diff"], 3),
               "| trials_s:", r["trials_s"], "speed-up:", round(r["speed_up"], 3))
 PY
+# The other data-parallel commands on the embedded model: 1 vs 2 GPUs, file by file.
+other() {  # other CMD NPROC [options]
+  local cmd=$1 n=$2
+  shift 2
+  timeout 90 python3 -m headhunt $cmd --model $G --out /tmp/$cmd$n --nproc $n --force "$@" \
+    >>"$OUT/other_runs.log" 2>&1
+}
+if [ $SECONDS -lt 420 ]; then
+  for n in 1 2; do
+    other sinks $n --n-texts 8 --length 2048
+    other ngram $n --n-seqs 16
+    other mqar $n
+  done
+  python3 - <<'PY' | tee "$OUT/other_compare.json"
+import json
+from pathlib import Path
+out = {}
+for cmd in ("sinks", "ngram", "mqar"):
+    a, b = Path(f"/tmp/{cmd}1"), Path(f"/tmp/{cmd}2")
+    if not (a / "manifest.json").is_file() or not (b / "manifest.json").is_file():
+        out[cmd] = "missing"
+        continue
+    names = sorted(p.name for p in a.iterdir() if p.name != "manifest.json" and not p.name.endswith(".html"))
+    t = [json.loads((d / "manifest.json").read_text())["timings"] for d in (a, b)]
+    out[cmd] = {"differ": [n for n in names if (a / n).read_bytes() != (b / n).read_bytes()],
+                "files": names, "timings_1": t[0], "timings_2": t[1]}
+print(json.dumps(out, indent=1))
+PY
+fi
+echo "part 2 took $SECONDS s"
