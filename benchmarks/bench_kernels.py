@@ -196,26 +196,21 @@ def _sink_inputs(hq: int, hkv: int, n: int, d: int) -> tuple[torch.Tensor, torch
 # for pass 1 and (col BN, BM, warps, stages, pipelined[, exp2 mode[, warp-specialized[,
 # TMA]]]) for pass 2; as KernelConfig.row_exp / row_ws / tma.
 EXP_ROW_VARIANTS = [
-    (64, 64, 4, 3, 2, True, 0, False, True),
-    (64, 64, 4, 4, 2, True, 0, False, True),
-    (64, 64, 4, 2, 2, True, 0, False, True),
     (64, 128, 4, 3, 2, True, 0, False, True),
-    (64, 64, 4, 3, 3, True, 0, False, True),
-    (64, 64, 4, 3, 1, True, 0, False, True),
-    (64, 32, 4, 3, 2, True, 0, False, True),
-    (128, 64, 4, 3, 2, True, 0, False, True),
-    (128, 64, 8, 3, 2, True, 0, False, True),
+    (64, 128, 4, 3, 2, False, 0, False, True),
+    (64, 128, 4, 4, 2, True, 0, False, True),
+    (64, 128, 4, 2, 2, True, 0, False, True),
+    (64, 256, 4, 3, 2, False, 0, False, True),
+    (64, 128, 4, 3, 3, True, 0, False, True),
+    (128, 128, 8, 3, 2, True, 0, False, True),
+    (64, 128, 8, 3, 2, True, 0, False, True),
 ]
 EXP_COL_VARIANTS = [
     (64, 128, 4, 3, False, 0, False, True),
-    (64, 256, 8, 3, False, 0, False, True),
-    (64, 128, 8, 3, False, 0, False, True),
-    (64, 256, 4, 2, False, 0, False, True),
-    (64, 128, 4, 5, False, 0, False, True),
+    (64, 128, 4, 2, False, 0, False, True),
+    (64, 256, 4, 3, False, 0, False, True),
     (128, 64, 4, 3, False, 0, False, True),
-    (128, 64, 4, 4, False, 0, False, True),
-    (128, 64, 8, 3, False, 0, False, True),
-    (128, 128, 8, 3, False, 0, False, True),
+    (64, 64, 4, 4, False, 0, False, True),
 ]
 ROW_VARIANTS = [
     (64, 64, 4, 3, 3, False),

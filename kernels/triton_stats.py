@@ -128,10 +128,7 @@ def default_config(head_dim: int) -> KernelConfig:
     # q and k tiles by TMA where the inputs allow (row_tma / col_tma); pass 1 with 64-row
     # query tiles, 128-key tiles, max-then-index argmax and a software-pipelined key loop;
     # pass 2 with 64 x 128 tiles for d <= 64 and 128 x 64 for d = 128.
-    if head_dim <= 64:
-        col = (64, 128, 4, 3)
-    else:
-        col = (128, 64, 4, 3)
+    col = (64, 128, 4, 3) if head_dim <= 64 else (128, 64, 4, 3)
     return KernelConfig(
         64, 128, 4, 3, *col, argmax_mode=2, row_pipeline=True, row_tma=True, col_tma=True
     )
