@@ -247,12 +247,14 @@ def _run(args: argparse.Namespace, dist) -> int:
     grid = [(n, g) for g in args.gaps for n in args.pairs]
     hn, hgap = args.heads_cell
     hprobe = probes(hn, hgap, args.head_examples, salt=1)
-    cells = {(r["n_pairs"], r["gap"]) for r in distributed.shard_records(run_dir, CELLS)}
-    units = [c for c in grid if c not in cells]
-    if not distributed.shard_records(run_dir, HEADS):
-        units.append("heads")
+    done = {(r["n_pairs"], r["gap"]) for r in distributed.shard_records(run_dir, CELLS)}
+    if distributed.shard_records(run_dir, HEADS):
+        done.add("heads")
+    # Share the whole plan, then skip what is done: a rank that reads the shards after another
+    # rank began appending still takes the same share.
+    mine = [u for u in dist.share([*grid, "heads"]) if u not in done]
     cell_shard = distributed.shard_name(dist, CELLS)
-    for unit in tqdm(dist.share(units), desc="mqar cells", unit="cell", disable=not dist.is_main):
+    for unit in tqdm(mine, desc="mqar cells", unit="cell", disable=not dist.is_main):
         if unit == "heads":
             base = run_mqar(model, hprobe, batch_size=args.batch_size, score_heads=True)
             rec = {
@@ -309,7 +311,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         sets[f"random {i + 1}"] = s
     masked = {r["name"] for r in distributed.shard_records(run_dir, MASKS)}
     mask_shard = distributed.shard_name(dist, MASKS)
-    todo = dist.share([name for name in sets if name not in masked])
+    todo = [name for name in dist.share(list(sets)) if name not in masked]
     for name in tqdm(todo, desc="masking", unit="set", disable=not dist.is_main):
         hs = sets[name]
         res = run_mqar(
