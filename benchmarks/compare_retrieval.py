@@ -56,7 +56,9 @@ def compare(base: Path, other: Path) -> dict:
 
 def main() -> None:
     base, *others = (Path(p) for p in sys.argv[1:])
-    out = [compare(base, o) for o in others if (o / "manifest.json").is_file()]
+    out = []
+    if (base / "manifest.json").is_file():
+        out = [compare(base, o) for o in others if (o / "manifest.json").is_file()]
     print(json.dumps(out, indent=2))
 
 
