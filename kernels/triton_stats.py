@@ -82,6 +82,8 @@ class KernelConfig:
             where the inputs allow it (compiled, contiguous, power-of-two d, Hopper or
             later); else pointer loads.
         col_tma: The same for pass 2.
+        fp32_dot: ``tl.dot`` precision for fp32 inputs: "tf32x3" (tensor cores, ~1e-6
+            relative error) or "ieee" (exact, FMA units).
     """
 
     row_block_m: int = 128
@@ -101,6 +103,7 @@ class KernelConfig:
     col_ws: bool = False
     row_tma: bool = False
     col_tma: bool = False
+    fp32_dot: str = "tf32x3"
 
 
 def _exp_mode(mode: int, dtype: torch.dtype) -> int:
@@ -111,11 +114,13 @@ def _exp_mode(mode: int, dtype: torch.dtype) -> int:
     return mode
 
 
-def default_config(head_dim: int) -> KernelConfig:
+def default_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
     """Launch configuration used when none is given.
 
     Args:
         head_dim: Head dimension ``d`` of q and k.
+        dtype: Input dtype; fp32 gets its own (smaller, unpipelined) tiles, since its
+            tiles take twice the shared memory and its products three tf32 MMAs.
 
     Returns:
         The configuration for this head dimension (tiny tiles under the interpreter,
@@ -123,6 +128,11 @@ def default_config(head_dim: int) -> KernelConfig:
     """
     if _interpreting():
         return KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
+    if dtype == torch.float32:
+        stages = 3 if head_dim <= 64 else 2
+        return KernelConfig(
+            64, 64, 4, stages, 64, 64, 4, stages, argmax_mode=2, row_tma=True, col_tma=True
+        )
     # Fastest variants of benchmarks/bench_kernels.py --sweep / --sweep-exp on an H200 at
     # n = 16k, causal, bf16 (pass 1 ranked on random + attention-sink data; BENCHMARKS.md):
     # q and k tiles by TMA where the inputs allow (row_tma / col_tma); pass 1 with 64-row
@@ -687,13 +697,18 @@ def _prepare(
         q = q.contiguous()
     if k.stride(-1) != 1:
         k = k.contiguous()
-    # fp32 inputs get exact fp32 products: tf32 would cost ~1e-3 relative error on p.
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    cfg = config or default_config(d, q.dtype)
+    # fp32 inputs: plain tf32 would cost ~1e-3 relative error on p; "tf32x3" (three tf32
+    # MMAs on hi/lo splits) is accurate to ~1e-6 on the tensor cores; "ieee" is exact
+    # fp32 on the FMA units (slow). The interpreter always computes exact fp32.
+    if q.dtype == torch.float32:
+        precision = "ieee" if _interpreting() else cfg.fp32_dot
+    else:
+        precision = "tf32"
     # The interpreter stores bf16 as uint16 and its tl.dot multiplies those integers
     # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
     # are what the tensor cores compute, so upcast the tiles there.
     upcast = _interpreting() and q.dtype == torch.bfloat16
-    cfg = config or default_config(d)
     # Bulk tensor copies (TMA, Hopper and later) need contiguous [b, heads, n, d] tensors
     # (flattened to [b * heads * n, d]), 16-byte aligned, and d a power of two.
     tma = (

@@ -152,3 +152,80 @@ def test_gpu_fp32_and_fp16(oracle, poison):
         q, k = _inputs(1, 4, 1, 700, 900, 64, dtype)
         st = attention_stats(q, k, entropy=True)
         oracle.check(st, oracle.dense(q, k), tol=TOL[dtype])
+
+
+# ------------------------------------------------- exp2 modes, TMA and fp32 configurations
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_exp2_modes_match_dense(mode, causal, oracle, poison):
+    # fp16 (1), ftz fp32 (2) and fp32 + polynomial (3) exponentials, both passes, with
+    # the plain and software-pipelined loops; bf16 inputs at the bf16 tolerance.
+    q, k = _inputs(2, 6, 2, 45, 61, 16, torch.bfloat16)
+    base = dict(row_exp=mode, col_exp=mode)
+    if CUDA:
+        configs = [ts.KernelConfig(**base), ts.KernelConfig(row_pipeline=True, **base)]
+    else:
+        configs = [
+            ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, **base),
+            ts.KernelConfig(
+                32, 16, 1, 1, 16, 32, 1, 1, row_pipeline=True, col_pipeline=True, **base
+            ),
+        ]
+    ref = oracle.dense(q, k, causal=causal)
+    for cfg in configs:
+        st = ts.attention_stats_triton(q, k, causal=causal, entropy=True, config=cfg)
+        oracle.check(st, ref, tol=1e-2)
+
+
+def test_triton_exp2_modes_fall_back_for_fp32(oracle, poison):
+    # fp32 inputs promise < 1e-3: the fp16 (1) and polynomial (3) modes become mode 2.
+    assert ts._exp_mode(1, torch.float32) == 2 and ts._exp_mode(3, torch.float32) == 2
+    assert ts._exp_mode(1, torch.bfloat16) == 1 and ts._exp_mode(0, torch.float32) == 0
+    q, k = _inputs(1, 4, 2, 40, 40, 16, torch.float32)
+    cfg = ts.KernelConfig(row_exp=1, col_exp=3)
+    if not CUDA:
+        cfg = ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, row_exp=1, col_exp=3)
+    st = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
+    oracle.check(st, oracle.dense(q, k), tol=1e-3)
+
+
+def test_default_config_fp32_and_interpreter():
+    # fp32 inputs get their own tiles on the GPU (tf32x3 products); the interpreter
+    # always uses the tiny tiles.
+    cfg = ts.default_config(64, torch.float32)
+    assert cfg.fp32_dot in ("tf32x3", "ieee")
+    if not CUDA:
+        assert cfg == ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
+    else:
+        assert not cfg.row_pipeline and cfg.row_block_m == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_tma_matches_pointer_loads(d, oracle, poison):
+    # TMA descriptors over the flattened [b * heads * n, d] tensors: rows past a head's
+    # end come from the next head (b = 2, lengths not a multiple of any tile) and must
+    # not leak into the statistics; the pointer-load path must agree.
+    q, k = _inputs(2, 8, 2, 1000, 1237, d, torch.bfloat16)
+    ref = oracle.dense(q, k)
+    cfg = ts.default_config(d)
+    assert cfg.row_tma and cfg.col_tma
+    off = ts.KernelConfig(**{**cfg.__dict__, "row_tma": False, "col_tma": False})
+    a = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
+    b = ts.attention_stats_triton(q, k, entropy=True, config=off)
+    oracle.check(a, ref, tol=1e-2)
+    oracle.check(b, ref, tol=1e-2)
+    for name in ("lse", "col_sum"):
+        assert oracle.rel_err(getattr(a, name), getattr(b, name), None) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_tf32x3_and_ieee(oracle, poison):
+    q, k = _inputs(1, 4, 2, 900, 900, 128, torch.float32)
+    ref = oracle.dense(q, k)
+    for dot in ("tf32x3", "ieee"):
+        cfg = ts.KernelConfig(**{**ts.default_config(128, torch.float32).__dict__, "fp32_dot": dot})
+        st = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
+        oracle.check(st, ref, tol=1e-3)
