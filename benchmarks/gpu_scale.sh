@@ -2,12 +2,13 @@
 # Issue 8 (scale out) on a lent 2-GPU machine, in two calls that follow each other at once
 # (the embedded GGUF travels in two halves, .carry/p1 and .carry/p2):
 #   call 1 (carry .carry/p1 and .whl): bash benchmarks/gpu_scale.sh 1
-#       wheels and package layout; --device-map tests on two GPUs
+#       wheels and package layout; the 8B-shaped Llama split over both GPUs at long context
+#       (bench_device_map.py; DM_LENGTHS, DM_SINGLE=1 for the unsplit timings too)
 #   call 2 (carry .carry/p2): bash benchmarks/gpu_scale.sh 2
-#       the 600-trial retrieval grid: 1 GPU, 2 GPUs, 1 GPU again on each card (run-to-run and
-#       card-to-card), and, if any differ, the same with HEADHUNT_DETERMINISTIC=1
-#       (compare_retrieval.py); the 8B-shaped Llama split over both GPUs at long context
-#       (bench_device_map.py); sinks, n-gram and MQAR 1 vs 2 GPUs if time is left
+#       the 600-trial retrieval grid: two 1-GPU runs side by side (one per card), then 2 GPUs;
+#       compare_retrieval.py
+# FULL=1 (about 8 minutes more): --device-map CLI tests on two GPUs, a third 1-GPU run alone,
+# the grid again with HEADHUNT_DETERMINISTIC=1 when runs differ, sinks/n-gram/MQAR 1 vs 2 GPUs.
 set -u
 PART=${1:-1}
 REPO=$PWD
@@ -24,10 +25,15 @@ if [ "$PART" = 1 ]; then
   source benchmarks/device_setup.sh
   layout
   nvidia-smi -L | tee "$OUT/gpus.txt"
-  python3 -c "import accelerate, torch, transformers; print('accelerate', accelerate.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpus.txt"
   cd /tmp
-  timeout 100 python3 -m pytest "$REPO/tests/probes/test_device_map.py" --device cuda -q \
-    -p no:cacheprovider -k "two_gpus" 2>&1 | tee "$OUT/pytest_device_map.log" | tail -15
+  # The 8B-shaped Llama split over both GPUs at long context.
+  timeout 120 python3 "$REPO/benchmarks/bench_device_map.py" --lengths "${DM_LENGTHS:-32768}" \
+    --repeats 1 --check-length 4096 ${DM_SINGLE:+--single} --out "$OUT/device_map_llama8b.json" 2>&1 |
+    tee "$OUT/bench_device_map.log" | tail -8
+  if [ -n "${FULL:-}" ]; then
+    timeout 100 python3 -m pytest "$REPO/tests/probes/test_device_map.py" --device cuda -q \
+      -p no:cacheprovider -k "two_gpus" 2>&1 | tee "$OUT/pytest_device_map.log" | tail -15
+  fi
   exit 0
 fi
 
@@ -44,12 +50,16 @@ run() {  # run NAME [options]: one retrieval run of the 600-trial grid into /tmp
   timeout 150 python3 -m headhunt retrieval --model $G --out /tmp/$name --lengths "$L" --depths $D \
     --force "$@" 2>&1 | grep -v "trials:\|Convert" | tail -4 >>"$LOG"
 }
-run r1a --nproc 1                                             # the 1-GPU baseline, alone
-run r2 --nproc 2                                              # 2 GPUs
-CUDA_VISIBLE_DEVICES=0 run r1b & CUDA_VISIBLE_DEVICES=1 run r1c & wait   # again, on each card
+# Two 1-GPU runs side by side, one per card (as busy a host as the 2-GPU run): run-to-run and
+# card-to-card reproducibility, and the 1-GPU baseline (r1a); then 2 GPUs.
+CUDA_VISIBLE_DEVICES=0 run r1a & CUDA_VISIBLE_DEVICES=1 run r1b & wait
+run r2 --nproc 2
+if [ -n "${FULL:-}" ]; then
+  CUDA_VISIBLE_DEVICES=0 run r1c
+fi
 same() { cmp -s /tmp/$1/trials.jsonl /tmp/$2/trials.jsonl; }
-if same r1a r2 && same r1a r1b && same r1a r1c; then
-  echo "all default runs identical: no deterministic runs" >>"$LOG"
+if [ -z "${FULL:-}" ] || { same r1a r2 && same r1a r1b; }; then
+  echo "no deterministic runs (FULL unset, or all default runs identical)" >>"$LOG"
 else  # some differ: do deterministic kernels make them agree?
   export HEADHUNT_DETERMINISTIC=1
   CUDA_VISIBLE_DEVICES=0 run d1a & CUDA_VISIBLE_DEVICES=1 run d1b & wait
@@ -76,9 +86,6 @@ for group, rows in c.items():
               "responses differ:", r["responses_differ"], "max diff:", round(r["max_score_diff"], 3),
               "| trials_s:", r["trials_s"], "speed-up:", round(r["speed_up"], 3))
 PY
-# The 8B-shaped Llama split over both GPUs at long context.
-timeout 200 python3 "$REPO/benchmarks/bench_device_map.py" --lengths 32768,65536 --single \
-  --repeats 1 --out "$OUT/device_map_llama8b.json" 2>&1 | tee "$OUT/bench_device_map.log" | tail -12
 # The other data-parallel commands on the embedded model: 1 vs 2 GPUs, file by file.
 other() {  # other CMD NPROC [options]
   local cmd=$1 n=$2
@@ -86,7 +93,7 @@ other() {  # other CMD NPROC [options]
   timeout 90 python3 -m headhunt $cmd --model $G --out /tmp/$cmd$n --nproc $n --force "$@" \
     >>"$OUT/other_runs.log" 2>&1
 }
-if [ $SECONDS -lt "${OTHER_UNTIL:-360}" ]; then
+if [ -n "${FULL:-}" ] && [ $SECONDS -lt "${OTHER_UNTIL:-360}" ]; then
   for n in 1 2; do
     other sinks $n --n-texts 8 --length 2048
     other ngram $n --n-seqs 16
