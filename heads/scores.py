@@ -75,8 +75,18 @@ class HeadScores:
         return list(dict.fromkeys(self.df["metric"]))
 
     def matrix(self, metric: str, **where: Any) -> Float[np.ndarray, "layers heads"]:
-        """The [layers, heads] matrix of one metric (NaN where a head has no value)."""
+        """The [layers, heads] matrix of one metric (NaN where a head has no value).
+
+        Raises:
+            ValueError: the metric is per layer (no head), or a (layer, head) has several rows
+                (pass the extra key columns, e.g. ``source="random"``, to pick one).
+        """
         df = self._select(metric, where)
+        if (df["head"] < 0).any() or df["head"].isna().any():
+            raise ValueError(f"{metric!r} is a per-layer metric; read it from .df")
+        if df.duplicated(["layer", "head"]).any():
+            keys = [c for c in self.df.columns if c not in COLUMNS]
+            raise ValueError(f"{metric!r} has several rows per head; choose one with {keys}")
         n_layers = int(self.df["layer"].max()) + 1
         n_heads = int(self.df["head"].max()) + 1
         out = np.full((n_layers, n_heads), np.nan)
