@@ -159,8 +159,14 @@ def main() -> None:
     got = capture_attention_stats(split, ids)
     same = {"lse": True, "col_sum": True, "argmax": True}
     maxdiff = {"lse": 0.0, "col_sum": 0.0}
+    per_layer = {}
     for k, (lse, col, am) in ref.items():
         g = got[k]
+        per_layer[k] = {
+            "device": str(g.lse.device),
+            "lse_max_abs_diff": (lse.float() - g.lse.cpu().float()).abs().max().item(),
+            "argmax_same": torch.equal(am, g.argmax.cpu()),
+        }
         same["lse"] &= torch.equal(lse, g.lse.cpu())
         same["col_sum"] &= torch.equal(col, g.col_sum.cpu())
         same["argmax"] &= torch.equal(am, g.argmax.cpu())
@@ -173,8 +179,14 @@ def main() -> None:
         "identical": same,
         "max_abs_diff": maxdiff,
         "layer_devices": sorted({str(got[k].col_sum.device) for k in got}),
+        "per_layer": per_layer,
     }
-    print("split vs one GPU at", args.check_length, "tokens:", report["split_equals_one_gpu"])
+    summary = {k: v for k, v in report["split_equals_one_gpu"].items() if k != "per_layer"}
+    print("split vs one GPU at", args.check_length, "tokens:", summary)
+    print(
+        "per layer (device, max |lse diff|):",
+        [(v["device"][-1], round(v["lse_max_abs_diff"], 3)) for v in per_layer.values()],
+    )
     del got, ref
     report["split"] = run_lengths(split, lengths, args.repeats, "split")
     with open(args.out, "w") as f:
