@@ -284,6 +284,22 @@ def _placement(device_map: str | dict, dtype: str | None) -> tuple[str | dict, t
     return dm, pick_dtype(dtype, first)
 
 
+def cast_parameters(model: Any, dtype: torch.dtype) -> Any:
+    """``model.to(dtype)`` for the parameters only: float32 buffers such as the rotary
+    embedding's ``inv_freq`` stay float32 (in bf16, position x inv_freq is off by radians at
+    tens of thousands of tokens), as transformers keeps them when it loads in bf16."""
+    keep = [
+        (mod, name, buf)
+        for mod in model.modules()
+        for name, buf in mod._buffers.items()
+        if buf is not None and buf.dtype == torch.float32
+    ]
+    model = model.to(dtype=dtype)
+    for mod, name, buf in keep:
+        mod._buffers[name] = buf.to(mod._buffers[name].device)
+    return model
+
+
 def dispatch(model: Any, device_map: str | dict, dtype: str | None = "auto") -> Any:
     """Cast an in-memory ``model`` and spread it over devices with accelerate's
     ``dispatch_model`` (:func:`load_model` instead has transformers place the weights as it
@@ -292,7 +308,7 @@ def dispatch(model: Any, device_map: str | dict, dtype: str | None = "auto") -> 
     from accelerate.utils import get_balanced_memory
 
     dm, dt = _placement(device_map, dtype)
-    model = model.to(dtype=dt)
+    model = cast_parameters(model, dt)
     if isinstance(dm, str):
         no_split = list(getattr(model, "_no_split_modules", None) or [])
         max_memory = None

@@ -139,3 +139,12 @@ def test_split_over_two_gpus_matches_one_gpu(tiny_folder, tmp_path, method):
         auto = tmp_path / "auto"
         assert main([*argv, "--device-map", "auto", "--out", str(auto)]) == 0
         compare_runs(one, auto, method, exact=False)
+
+
+def test_dispatch_in_bf16_keeps_the_rotary_frequencies_in_float32():
+    from headhunt.probes.tiny import tiny_llama
+
+    m = tiny_llama()
+    model = dispatch(m.model, layer_map("cpu", "cpu"), "bfloat16")
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
