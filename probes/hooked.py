@@ -209,7 +209,7 @@ def load_model(
     model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    model = model.to(device=dev, dtype=dt)
+    model = cast_parameters(model.to(device=dev), dt)
     return HookedModel(model=model, tokenizer=tok, name=spec)
 
 

@@ -62,3 +62,15 @@ def test_embedded_model(smol):
     d = smol.describe()
     assert (d["n_layers"], d["n_heads"], d["n_kv_heads"], d["head_dim"]) == (30, 9, 3, 64)
     assert d["max_context"] == 8192
+
+
+def test_bf16_load_keeps_the_rotary_frequencies_in_float32(tiny_folder):
+    import torch
+
+    from headhunt.probes import load_model
+
+    model = load_model(str(tiny_folder), device="cpu", dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    # transformers keeps inv_freq in float32 in bf16 models: position x a bf16-rounded
+    # frequency is off by radians at a few thousand tokens.
+    assert model.model.model.rotary_emb.inv_freq.dtype == torch.float32
