@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -78,3 +79,21 @@ def plain_model():
         return ref.eval()
 
     return make
+
+
+def _assert_same_run(one, two) -> None:
+    """Every file but the manifest (timings) and the HTML (random element ids) is identical."""
+    files = {p.name for p in one.iterdir()}
+    assert files == {p.name for p in two.iterdir()}
+    for name in sorted(files - {"manifest.json"}):
+        if not name.endswith(".html"):
+            assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
+    assert m1["parameters"] == m2["parameters"] and m1["files"] == m2["files"]
+    assert (m1["processes"], m2["processes"]) == (1, 2)
+
+
+@pytest.fixture
+def assert_same_run():
+    """Check that a 2-process run directory equals the 1-process one."""
+    return _assert_same_run

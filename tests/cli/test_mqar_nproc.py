@@ -4,7 +4,6 @@ rank shards resumes."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from headhunt.cli import main
@@ -13,19 +12,7 @@ SMALL = ["--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6", "--example
 SMALL += ["--heads-cell", "2,0", "--head-examples", "3", "--top-k", "2", "--random-sets", "2"]
 
 
-def assert_same_run(one, two) -> None:
-    """Every file but the manifest (timings) and the HTML (random element ids) is identical."""
-    files = {p.name for p in one.iterdir()}
-    assert files == {p.name for p in two.iterdir()}
-    for name in sorted(files - {"manifest.json"}):
-        if not name.endswith(".html"):
-            assert (one / name).read_bytes() == (two / name).read_bytes(), name
-    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
-    assert m1["parameters"] == m2["parameters"] and m1["files"] == m2["files"]
-    assert (m1["processes"], m2["processes"]) == (1, 2)
-
-
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path):
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, assert_same_run):
     one, two = tmp_path / "one", tmp_path / "two"
     argv = ["mqar", "--model", str(tiny_folder), "--device", "cpu", *SMALL]
     assert main([*argv, "--out", str(one)]) == 0

@@ -11,19 +11,7 @@ from headhunt.cli import main
 WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
 
 
-def assert_same_run(one, two) -> None:
-    """Every file but the manifest (timings) and the HTML (random element ids) is identical."""
-    files = {p.name for p in one.iterdir()}
-    assert files == {p.name for p in two.iterdir()}
-    for name in sorted(files - {"manifest.json"}):
-        if not name.endswith(".html"):
-            assert (one / name).read_bytes() == (two / name).read_bytes(), name
-    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
-    assert m1["parameters"] == m2["parameters"] and m1["files"] == m2["files"]
-    assert (m1["processes"], m2["processes"]) == (1, 2)
-
-
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path):
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, assert_same_run):
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5, 3)))
     one, two = tmp_path / "one", tmp_path / "two"
