@@ -34,6 +34,7 @@ def llama8b(device: str) -> HookedModel:
         attn_implementation="sdpa",
     )
     cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)  # the same weights in every script that builds it
     torch.set_default_dtype(torch.bfloat16)
     with torch.device(device):
         model = LlamaForCausalLM(cfg)

@@ -18,33 +18,10 @@ import statistics
 import time
 
 import torch
+from bench_capture import llama8b  # benchmarks/ is on the path when run as a script
 
 from headhunt.probes.capture import capture_attention_stats
 from headhunt.probes.hooked import HookedModel, dispatch
-
-
-def llama8b(device: str) -> HookedModel:
-    """A randomly initialised Llama with Llama-3-8B's shape, in bf16 on ``device``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=128_256,
-        hidden_size=4096,
-        intermediate_size=14_336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=131_072,
-        rope_theta=500_000.0,
-        attn_implementation="sdpa",
-    )
-    cfg.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg)
-    torch.set_default_dtype(torch.float32)
-    return HookedModel(model=model.eval(), tokenizer=None, name="random-llama-8b-shape")
 
 
 def sync() -> None:
