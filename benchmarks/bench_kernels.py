@@ -192,25 +192,25 @@ def _sink_inputs(hq: int, hkv: int, n: int, d: int) -> tuple[torch.Tensor, torch
     return q.bfloat16(), k.bfloat16()
 
 
-# (row BM, BN, warps, stages, argmax mode, pipelined[, exp2 mode[, warp-specialized[, TMA]]])
-# for pass 1 and (col BN, BM, warps, stages, pipelined[, exp2 mode[, warp-specialized[,
-# TMA]]]) for pass 2; as KernelConfig.row_exp / row_ws / tma.
+# (row BM, BN, warps, stages, argmax mode, pipelined[, exp2 mode[, TMA]]) for pass 1 and
+# (col BN, BM, warps, stages, pipelined[, exp2 mode[, TMA]]) for pass 2; as
+# KernelConfig.row_exp / row_tma.
 EXP_ROW_VARIANTS = [
-    (64, 128, 4, 3, 2, True, 0, False, True),
-    (64, 128, 4, 3, 2, False, 0, False, True),
-    (64, 128, 4, 4, 2, True, 0, False, True),
-    (64, 128, 4, 2, 2, True, 0, False, True),
-    (64, 256, 4, 3, 2, False, 0, False, True),
-    (64, 128, 4, 3, 3, True, 0, False, True),
-    (128, 128, 8, 3, 2, True, 0, False, True),
-    (64, 128, 8, 3, 2, True, 0, False, True),
+    (64, 128, 4, 3, 2, True, 0, True),
+    (64, 128, 4, 3, 2, False, 0, True),
+    (64, 128, 4, 4, 2, True, 0, True),
+    (64, 128, 4, 2, 2, True, 0, True),
+    (64, 256, 4, 3, 2, False, 0, True),
+    (64, 128, 4, 3, 3, True, 0, True),
+    (128, 128, 8, 3, 2, True, 0, True),
+    (64, 128, 8, 3, 2, True, 0, True),
 ]
 EXP_COL_VARIANTS = [
-    (64, 128, 4, 3, False, 0, False, True),
-    (64, 128, 4, 2, False, 0, False, True),
-    (64, 256, 4, 3, False, 0, False, True),
-    (128, 64, 4, 3, False, 0, False, True),
-    (64, 64, 4, 4, False, 0, False, True),
+    (64, 128, 4, 3, False, 0, True),
+    (64, 128, 4, 2, False, 0, True),
+    (64, 256, 4, 3, False, 0, True),
+    (128, 64, 4, 3, False, 0, True),
+    (64, 64, 4, 4, False, 0, True),
 ]
 ROW_VARIANTS = [
     (64, 64, 4, 3, 3, False),
@@ -245,10 +245,8 @@ def _config(row: tuple, col: tuple):
         col_pipeline=col[4],
         row_exp=row[6] if len(row) > 6 else 0,
         col_exp=col[5] if len(col) > 5 else 0,
-        row_ws=len(row) > 7 and row[7],
-        col_ws=len(col) > 6 and col[6],
-        row_tma=len(row) > 8 and row[8],
-        col_tma=len(col) > 7 and col[7],
+        row_tma=len(row) > 7 and row[7],
+        col_tma=len(col) > 6 and col[6],
     )
 
 

@@ -75,9 +75,6 @@ class KernelConfig:
             3 half of them as in 2, half by a polynomial on the FMA units (relative error
             7.5e-5 per term). fp32 inputs use 2 instead of 1 or 3.
         col_exp: The same for pass 2's ``p = exp2(s - lse)``.
-        row_ws: Warp-specialize pass 1's unmasked key loop (``tl.range(...,
-            warp_specialize=True)``; only without ``row_pipeline``).
-        col_ws: The same for pass 2's unmasked query loop (without ``col_pipeline``).
         row_tma: Pass 1 loads q and k tiles by bulk tensor copies (TMA descriptors)
             where the inputs allow it (compiled, contiguous, power-of-two d, Hopper or
             later); else pointer loads.
@@ -99,8 +96,6 @@ class KernelConfig:
     col_pipeline: bool = False
     row_exp: int = 0
     col_exp: int = 0
-    row_ws: bool = False
-    col_ws: bool = False
     row_tma: bool = False
     col_tma: bool = False
     fp32_dot: str = "tf32x3"
@@ -337,7 +332,6 @@ def _row_stats_kernel(
     UPCAST: tl.constexpr,
     EXP: tl.constexpr,
     ASM: tl.constexpr,
-    WS: tl.constexpr,
     TMA: tl.constexpr,
 ):
     # Query tiles run longest-first (the last tile sees the most keys under the causal
@@ -422,26 +416,6 @@ def _row_stats_kernel(
                 a_i,
                 t_i,
                 n_full - BLOCK_N,
-                s,
-                qk_scale,
-                False,
-                ENTROPY,
-                ARGMAX,
-                BLOCK_N,
-                EXP,
-                ASM,
-            )
-    elif WS:
-        for n0 in tl.range(0, n_full, BLOCK_N, warp_specialize=True):
-            k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            m_i, l_i, a_i, t_i = _row_update(
-                s,
-                m_i,
-                l_i,
-                a_i,
-                t_i,
-                n0,
                 s,
                 qk_scale,
                 False,
@@ -541,7 +515,6 @@ def _col_stats_kernel(
     UPCAST: tl.constexpr,
     EXP: tl.constexpr,
     ASM: tl.constexpr,
-    WS: tl.constexpr,
     TMA: tl.constexpr,
 ):
     # Key tile 0 has the most visible queries under the causal mask and already runs
@@ -615,14 +588,6 @@ def _col_stats_kernel(
                 st = st_next
                 lse2 = lse2_next
             acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
-    elif WS:
-        for m0 in tl.range(m_mid, nq, BLOCK_M, warp_specialize=True):
-            rows = m0 + offs_m
-            q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
-            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-            p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
-            acc += tl.sum(p, axis=1)
     else:
         for m0 in range(m_mid, nq, BLOCK_M):
             rows = m0 + offs_m
@@ -793,7 +758,6 @@ def _launch_row(
         UPCAST=L.upcast,
         EXP=_exp_mode(cfg.row_exp, L.q.dtype),
         ASM=not _interpreting(),
-        WS=cfg.row_ws and not _interpreting(),
         TMA=cfg.row_tma and L.tma,
         num_warps=cfg.row_warps,
         num_stages=cfg.row_stages,
@@ -835,7 +799,6 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> N
         UPCAST=L.upcast,
         EXP=_exp_mode(cfg.col_exp, L.q.dtype),
         ASM=not _interpreting(),
-        WS=cfg.col_ws and not _interpreting(),
         TMA=cfg.col_tma and L.tma,
         num_warps=cfg.col_warps,
         num_stages=cfg.col_stages,
