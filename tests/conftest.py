@@ -81,8 +81,15 @@ def plain_model():
     return make
 
 
-def _assert_same_run(one, two) -> None:
-    """Every file but the manifest (timings) and the HTML (random element ids) is identical."""
+def _one_and_two_processes(argv: list[str], tmp_path) -> tuple:
+    """Run ``headhunt *argv`` with one process and with ``--nproc 2`` and check that the two run
+    directories are the same: every file but the manifest (timings) and the HTML (random
+    element ids) byte for byte, and no rank shard left. Returns both directories."""
+    from headhunt.cli import main
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*argv, "--out", str(one)]) == 0
+    assert main([*argv, "--out", str(two), "--nproc", "2"]) == 0
     files = {p.name for p in one.iterdir()}
     assert files == {p.name for p in two.iterdir()}
     for name in sorted(files - {"manifest.json"}):
@@ -91,9 +98,11 @@ def _assert_same_run(one, two) -> None:
     m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
     assert m1["parameters"] == m2["parameters"] and m1["files"] == m2["files"]
     assert (m1["processes"], m2["processes"]) == (1, 2)
+    assert not list(two.glob("*.rank*.jsonl"))
+    return one, two
 
 
 @pytest.fixture
-def assert_same_run():
-    """Check that a 2-process run directory equals the 1-process one."""
-    return _assert_same_run
+def one_and_two_processes():
+    """Run a command with one and with two gloo processes; their run directories must match."""
+    return _one_and_two_processes

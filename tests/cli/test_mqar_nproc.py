@@ -12,13 +12,9 @@ SMALL = ["--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6", "--example
 SMALL += ["--heads-cell", "2,0", "--head-examples", "3", "--top-k", "2", "--random-sets", "2"]
 
 
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, assert_same_run):
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, one_and_two_processes):
     argv = ["mqar", "--model", str(tiny_folder), "--device", "cpu", *SMALL]
-    assert main([*argv, "--out", str(one)]) == 0
-    assert main([*argv, "--out", str(two), "--nproc", "2"]) == 0
-    assert_same_run(one, two)
-    assert not list(two.glob("*.rank*.jsonl"))
+    one, _ = one_and_two_processes(argv, tmp_path)
 
     # Interrupted after the grid (split over two shards) and the heads cell; one masking set
     # saved by rank 1.

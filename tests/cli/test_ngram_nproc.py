@@ -11,14 +11,10 @@ from headhunt.cli import main
 SMALL = ["--n-seqs", "5", "--repeat-len", "12", "--planted-len", "60", "--batch-size", "2"]
 
 
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, assert_same_run):
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, one_and_two_processes):
     argv = ["ngram", "--model", str(tiny_folder), "--device", "cpu", *SMALL]
     argv += ["--inputs", "random,planted", "--k-max", "3"]
-    assert main([*argv, "--out", str(one)]) == 0
-    assert main([*argv, "--out", str(two), "--nproc", "2"]) == 0
-    assert_same_run(one, two)
-    assert not list(two.glob("*.rank*.jsonl"))
+    one, _ = one_and_two_processes(argv, tmp_path)
     rows = [json.loads(r) for r in (one / "records-planted.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
 

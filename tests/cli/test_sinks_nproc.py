@@ -11,16 +11,12 @@ from headhunt.cli import main
 WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
 
 
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, assert_same_run):
+def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, one_and_two_processes):
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5, 3)))
-    one, two = tmp_path / "one", tmp_path / "two"
     argv = ["sinks", "--model", str(tiny_folder), "--texts", str(texts), "--device", "cpu"]
     argv += ["--min-queries", "8", "--eps-tokens", "16"]
-    assert main([*argv, "--out", str(one)]) == 0
-    assert main([*argv, "--out", str(two), "--nproc", "2"]) == 0
-    assert_same_run(one, two)
-    assert not list(two.glob("*.rank*.jsonl"))
+    one, _ = one_and_two_processes(argv, tmp_path)
 
     # Interrupted: rank 0 finished text 0 of its 0 and 2, rank 1 nothing of its text 1.
     partial = tmp_path / "three.partial"
