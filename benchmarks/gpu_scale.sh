@@ -6,9 +6,9 @@
 #       (bench_device_map.py; DM_LENGTHS, DM_SINGLE=1 for the unsplit timings too)
 #   call 2 (carry .carry/p2): bash benchmarks/gpu_scale.sh 2
 #       the 600-trial retrieval grid: two 1-GPU runs side by side (one per card), then 2 GPUs;
-#       compare_retrieval.py
-# FULL=1 (about 8 minutes more): --device-map CLI tests on two GPUs, a third 1-GPU run alone,
-# the grid again with HEADHUNT_DETERMINISTIC=1 when runs differ, sinks/n-gram/MQAR 1 vs 2 GPUs.
+#       compare_retrieval.py; the grid again with HEADHUNT_DETERMINISTIC=1 if the runs differ
+# FULL=1 (a few minutes more): the --device-map and attention tests on the GPUs (call 1),
+# sinks/n-gram/MQAR 1 vs 2 GPUs (call 2).
 set -u
 PART=${1:-1}
 REPO=$PWD
@@ -31,8 +31,9 @@ if [ "$PART" = 1 ]; then
     --repeats 1 --check-length 4096 ${DM_SINGLE:+--single} --out "$OUT/device_map_llama8b.json" 2>&1 |
     tee "$OUT/bench_device_map.log" | tail -8
   if [ -n "${FULL:-}" ]; then
-    timeout 100 python3 -m pytest "$REPO/tests/probes/test_device_map.py" --device cuda -q \
-      -p no:cacheprovider -k "two_gpus" 2>&1 | tee "$OUT/pytest_device_map.log" | tail -15
+    timeout 150 python3 -m pytest "$REPO/tests/probes/test_device_map.py" \
+      "$REPO/tests/probes/test_attention.py" --device cuda -q -p no:cacheprovider 2>&1 |
+      tee "$OUT/pytest_cuda.log" | tail -15
   fi
   exit 0
 fi
@@ -54,12 +55,9 @@ run() {  # run NAME [options]: one retrieval run of the 600-trial grid into /tmp
 # card-to-card reproducibility, and the 1-GPU baseline (r1a); then 2 GPUs.
 CUDA_VISIBLE_DEVICES=0 run r1a & CUDA_VISIBLE_DEVICES=1 run r1b & wait
 run r2 --nproc 2
-if [ -n "${FULL:-}" ]; then
-  CUDA_VISIBLE_DEVICES=0 run r1c
-fi
 same() { cmp -s /tmp/$1/trials.jsonl /tmp/$2/trials.jsonl; }
-if [ -z "${FULL:-}" ] || { same r1a r2 && same r1a r1b; }; then
-  echo "no deterministic runs (FULL unset, or all default runs identical)" >>"$LOG"
+if same r1a r2 && same r1a r1b; then
+  echo "no deterministic runs (all default runs identical)" >>"$LOG"
 else  # some differ: do deterministic kernels make them agree?
   export HEADHUNT_DETERMINISTIC=1
   CUDA_VISIBLE_DEVICES=0 run d1a & CUDA_VISIBLE_DEVICES=1 run d1b & wait
@@ -68,9 +66,7 @@ else  # some differ: do deterministic kernels make them agree?
 fi
 {
   echo '{"vs_r1a":'
-  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/r1a /tmp/r2 /tmp/r1b /tmp/r1c /tmp/d1a
-  echo ', "r1b_vs_r1c":'
-  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/r1b /tmp/r1c
+  python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/r1a /tmp/r2 /tmp/r1b /tmp/d1a
   echo ', "deterministic":'
   python3 "$REPO/benchmarks/compare_retrieval.py" /tmp/d1a /tmp/d1b /tmp/d2
   echo '}'
@@ -90,10 +86,10 @@ PY
 other() {  # other CMD NPROC [options]
   local cmd=$1 n=$2
   shift 2
-  timeout 90 python3 -m headhunt $cmd --model $G --out /tmp/$cmd$n --nproc $n --force "$@" \
+  timeout 60 python3 -m headhunt $cmd --model $G --out /tmp/$cmd$n --nproc $n --force "$@" \
     >>"$OUT/other_runs.log" 2>&1
 }
-if [ -n "${FULL:-}" ] && [ $SECONDS -lt "${OTHER_UNTIL:-360}" ]; then
+if [ -n "${FULL:-}" ] && [ $SECONDS -lt "${OTHER_UNTIL:-240}" ]; then
   for n in 1 2; do
     other sinks $n --n-texts 8 --length 2048
     other ngram $n --n-seqs 16

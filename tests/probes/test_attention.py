@@ -115,3 +115,33 @@ def test_left_padded_batch_matches_each_sequence_alone(tiny, base):
             m.headhunt_base = "sdpa"
     torch.testing.assert_close(padded[0], alone[0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(padded[1, 5:], alone[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_sdpa_runs_with_cudnn_attention_off(tiny, monkeypatch, hooked):
+    # cuDNN's decode kernel is not reproducible (benchmarks/gpu_determinism.py): every SDPA call
+    # through headhunt's implementation must see it switched off, and the flag must come back.
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    ids = torch.randint(5, 60, (1, 9), device=tiny.device)
+    with torch.no_grad():
+        if hooked:
+            capture_qk(tiny, ids)
+        else:
+            tiny.model(ids)
+    assert seen == [False] * tiny.n_layers
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_greedy_decode_repeats_exactly(tiny):
+    ids = torch.randint(5, 60, (3, 40), device=tiny.device)
+    a = greedy_decode(tiny, ids, max_new_tokens=6, capture_argmax=True)
+    b = greedy_decode(tiny, ids, max_new_tokens=6, capture_argmax=True)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.argmax, b.argmax)
