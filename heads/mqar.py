@@ -435,7 +435,7 @@ def run_mqar(
         )
     correct, correct_pool = [], []
     recall = None
-    vocab = None if probe.value_ids is None else probe.value_ids.to(model.device)
+    vocab = probe.value_ids
     for s in range(0, len(probe), batch_size):
         pr = probe.slice(slice(s, s + batch_size))
         keep = torch.unique(pr.query_pos)
@@ -444,14 +444,17 @@ def run_mqar(
         if rec is not None:
             extra.append(rec)
         with model.hooks(*extra):
-            out = model.forward(pr.ids, use_cache=False, logits_to_keep=keep.to(model.device))
-        col = torch.searchsorted(keep, pr.query_pos).to(model.device)
+            # CPU indices: under --device-map the last hidden state sits on the last layer's GPU.
+            out = model.forward(pr.ids, use_cache=False, logits_to_keep=keep.cpu())
+        dev = out.logits.device
+        col = torch.searchsorted(keep, pr.query_pos).to(dev)
         logits = out.logits.gather(
             1, col[..., None].expand(-1, -1, out.logits.shape[-1])
         )  # [b, N, vocab]
-        tgt = pr.target.to(model.device)
+        tgt = pr.target.to(dev)
         correct.append((logits.argmax(-1) == tgt).cpu())
         if vocab is not None:
+            vocab = vocab.to(dev)
             sub = logits[..., vocab]
             correct_pool.append((vocab[sub.argmax(-1)] == tgt).cpu())
         else:

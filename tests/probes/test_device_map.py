@@ -25,6 +25,17 @@ def layer_map(first, second) -> dict:
 def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5)))
+    task = tmp_path / "task.jsonl"
+    words = WORDS.split() * 3
+    task.write_text(
+        "".join(
+            json.dumps(
+                {"text": " ".join(words[i : i + 9]), "labels": ["red", "blue"]} | {"label": lab}
+            )
+            + "\n"
+            for i, lab in zip(range(0, 24), ["red", "blue"] * 12, strict=True)
+        )
+    )
     model = ["--model", str(tiny_folder), "--dtype", "float32"]
     return {
         "sinks": ["sinks", *model, "--texts", str(texts), "--min-queries", "8"],
@@ -35,6 +46,8 @@ def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
         + ["--random-sets", "1"],
         "retrieval": ["retrieval", *model, "--lengths", "128", "--depths", "0,100"]
         + ["--needles", "passkey", "--max-new-tokens", "3"],
+        "calibrate": ["calibrate", *model, "--task", str(task), "--n-calib", "6", "--n-dev", "6"]
+        + ["--max-heads", "2", "--exclude-layers", "0", "--bootstrap", "100", "--batch-size", "5"],
     }
 
 
@@ -43,6 +56,7 @@ FILES = {
     "ngram": ["records-random.jsonl", "records-planted.jsonl"],
     "mqar": ["cells.jsonl", "masking.jsonl"],
     "retrieval": ["trials.jsonl", "retrieval_heads.json"],
+    "calibrate": ["records.jsonl", "result.json"],
 }
 
 
@@ -58,7 +72,7 @@ def compare_runs(a, b, method: str, exact: bool) -> None:
         pd.testing.assert_frame_equal(sa, sb, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval"])
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate"])
 def test_cli_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path, method):
     argv = commands(tiny_folder, tmp_path)[method]
     plain, mapped = tmp_path / "plain", tmp_path / "mapped"
@@ -123,7 +137,7 @@ def test_dispatch_keeps_the_statistics_and_reports_the_devices():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval"])
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate"])
 def test_split_over_two_gpus_matches_one_gpu(tiny_folder, tmp_path, method):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
