@@ -180,8 +180,9 @@ def evaluate(
             batch = order[b0 : b0 + batch_size]
             x, last = _right_padded(model, enc, batch)
             keep, where = torch.unique(last, return_inverse=True)
-            # CPU indices: under --device-map the last hidden state sits on the last layer's GPU.
-            out = model.forward(x, use_cache=False, logits_to_keep=keep.cpu())
+            # A list, not a tensor: accelerate would move a tensor to the first GPU, while under
+            # --device-map the last hidden state it indexes sits on the last layer's GPU.
+            out = model.forward(x, use_cache=False, logits_to_keep=keep.tolist())
             logits = out.logits[torch.arange(len(batch)), where.cpu()].float().cpu()
             for r, i in enumerate(batch):
                 scores = logits[r, enc.choice_ids[i]].log_softmax(-1)

@@ -444,8 +444,9 @@ def run_mqar(
         if rec is not None:
             extra.append(rec)
         with model.hooks(*extra):
-            # CPU indices: under --device-map the last hidden state sits on the last layer's GPU.
-            out = model.forward(pr.ids, use_cache=False, logits_to_keep=keep.cpu())
+            # A list, not a tensor: accelerate would move a tensor to the first GPU, while under
+            # --device-map the last hidden state it indexes sits on the last layer's GPU.
+            out = model.forward(pr.ids, use_cache=False, logits_to_keep=keep.tolist())
         dev = out.logits.device
         col = torch.searchsorted(keep, pr.query_pos).to(dev)
         logits = out.logits.gather(
