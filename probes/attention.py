@@ -3,8 +3,9 @@
 headhunt registers its own attention implementation with transformers' ``AttentionInterface``.
 It calls the hooks installed on each attention module and then the model's original kernel
 (SDPA by default), so capture never forces eager attention or an N x N matrix. It sees the
-queries after rotary embedding and the whole key cache during cached decoding. SDPA runs with
-cuDNN's attention switched off, so GPU runs are reproducible (see :func:`_without_cudnn_sdpa`).
+queries after rotary embedding and the whole key cache during cached decoding. Cached calls
+(decoding) run SDPA with cuDNN's attention switched off, so GPU runs are reproducible (see
+:func:`_without_cudnn_sdpa`).
 """
 
 from __future__ import annotations
@@ -82,17 +83,18 @@ def _causal_mask(query: Tensor, key: Tensor) -> Tensor:
 
 
 @contextmanager
-def _without_cudnn_sdpa():
-    """Keep SDPA off cuDNN's attention for this call (flash, memory-efficient or math serve).
+def _without_cudnn_sdpa(query: Tensor, key: Tensor):
+    """Keep SDPA off cuDNN's attention for cached calls (decoding): flash serves them.
 
-    With torch 2.11 on an H200, SDPA picks cuDNN for bf16 and its single-query (decode) kernel
-    gave different outputs when the same batch was decoded twice in one process, so greedy
-    answers and retrieval scores changed from run to run; the flash kernel gave identical
-    outputs and decoded faster (benchmarks/gpu_determinism.py). Only the flag is switched,
-    so the cost is two calls into torch's C++ state per attention call.
+    With torch 2.11 on an H200, SDPA picks cuDNN for bf16, and cuDNN's kernel for a single
+    query over a long cache gave different outputs when the same batch was decoded twice in one
+    process, so greedy answers and retrieval scores changed from run to run; the flash kernel
+    gave identical outputs and decoded faster. cuDNN's kernel for whole sequences (no cache)
+    gave identical outputs and is faster than flash at long context, so it stays
+    (benchmarks/gpu_determinism.py). Only the flag is switched, per call.
     """
-    was_on = torch.backends.cuda.cudnn_sdp_enabled()
-    if not was_on:
+    cached = query.shape[2] != key.shape[2]
+    if not cached or not torch.backends.cuda.cudnn_sdp_enabled():
         yield
         return
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -115,13 +117,13 @@ def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_ma
             ).masked_fill(~attention_mask, torch.finfo(query.dtype).min)
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
     if not hooks:
-        with _without_cudnn_sdpa():
+        with _without_cudnn_sdpa(query, key):
             return base(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     call = AttentionCall(module.headhunt_layer, query, key, value, attention_mask, scaling)
     for hook in hooks:
         hook.before(call)
-    with _without_cudnn_sdpa():
+    with _without_cudnn_sdpa(call.query, call.key):
         output, weights = base(module, call.query, call.key, call.value, attention_mask, **kwargs)
     for hook in hooks:
         output = hook.after(call, output)

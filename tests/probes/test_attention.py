@@ -118,25 +118,28 @@ def test_left_padded_batch_matches_each_sequence_alone(tiny, base):
 
 
 @pytest.mark.parametrize("hooked", [False, True])
-def test_sdpa_runs_with_cudnn_attention_off(tiny, monkeypatch, hooked):
-    # cuDNN's decode kernel is not reproducible (benchmarks/gpu_determinism.py): every SDPA call
-    # through headhunt's implementation must see it switched off, and the flag must come back.
+def test_cached_sdpa_calls_run_with_cudnn_attention_off(tiny, monkeypatch, hooked):
+    # cuDNN's decode kernel is not reproducible (benchmarks/gpu_determinism.py): every cached
+    # SDPA call through headhunt's implementation must see it switched off; whole-sequence calls
+    # keep it; the flag comes back afterwards.
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return sdpa(*args, **kwargs)
+    def spy(query, key, *args, **kwargs):
+        seen.append((query.shape[2] == key.shape[2], torch.backends.cuda.cudnn_sdp_enabled()))
+        return sdpa(query, key, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     assert torch.backends.cuda.cudnn_sdp_enabled()
     ids = torch.randint(5, 60, (1, 9), device=tiny.device)
     with torch.no_grad():
         if hooked:
-            capture_qk(tiny, ids)
+            greedy_decode(tiny, ids, max_new_tokens=3, capture_argmax=True)
         else:
-            tiny.model(ids)
-    assert seen == [False] * tiny.n_layers
+            tiny.model(ids[:, :-1], use_cache=True)
+    n = tiny.n_layers
+    expected = [(True, True)] * n + ([(False, False)] * 3 * n if hooked else [])
+    assert seen == expected
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
