@@ -27,15 +27,11 @@ def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
     texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5)))
     task = tmp_path / "task.jsonl"
     words = WORDS.split() * 3
-    task.write_text(
-        "".join(
-            json.dumps(
-                {"text": " ".join(words[i : i + 9]), "labels": ["red", "blue"]} | {"label": lab}
-            )
-            + "\n"
-            for i, lab in zip(range(0, 24), ["red", "blue"] * 12, strict=True)
-        )
-    )
+    rows = [
+        {"text": " ".join(words[i : i + 9]), "labels": ["red", "blue"], "label": label}
+        for i, label in enumerate(["red", "blue"] * 12)
+    ]
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = ["--model", str(tiny_folder), "--dtype", "float32"]
     return {
         "sinks": ["sinks", *model, "--texts", str(texts), "--min-queries", "8"],
