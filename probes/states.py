@@ -401,8 +401,9 @@ def _capture_shard(
                     bi += [j] * len(positions[i])
                     pi += positions[i]
                     rows += range(starts[i], starts[i + 1])
-                gather.b = torch.tensor(bi, device=model.device)
-                gather.pos = torch.tensor(pi, device=model.device)
+                # CPU indices: under --device-map each layer's output sits on its own GPU.
+                gather.b = torch.tensor(bi)
+                gather.pos = torch.tensor(pi)
                 gather.rows = np.asarray(rows)
                 # Right padding: a causal model's real tokens never see the pads, and their
                 # position ids stay 0..n-1. The mask is passed only when lengths differ.

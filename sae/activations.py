@@ -117,6 +117,9 @@ def head_outputs(
         )
         with model.hooks(cap):
             model.forward(ids, use_cache=False, logits_to_keep=1)
-        per_layer = [per_head(cap.z[i], w_o[i].to(cap.z[i].device)) for i in range(model.n_layers)]
-        out[idx] = torch.stack(per_layer, 1).flatten(1, 2).cpu()
+        # Each layer's vectors leave its own GPU (under --device-map layers sit on several).
+        per_layer = [
+            per_head(cap.z[i], w_o[i].to(cap.z[i].device)).cpu() for i in range(model.n_layers)
+        ]
+        out[idx] = torch.stack(per_layer, 1).flatten(1, 2)
     return out

@@ -66,6 +66,20 @@ def tiny_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def probe_folder(tmp_path_factory) -> str:
+    """A tiny model folder whose word tokenizer knows the built-in probe targets' words."""
+    from headhunt.probes.targets import MQAR_KEYS, MQAR_VALUES, NGRAM_WORDS
+    from headhunt.probes.tiny import tiny_llama, word_tokenizer
+
+    tok = word_tokenizer(extra_words=sorted(set(NGRAM_WORDS + MQAR_KEYS + MQAR_VALUES)))
+    m = tiny_llama(tokenizer=tok, max_context=1024)
+    path = tmp_path_factory.mktemp("tiny-probe-model")
+    m.model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def plain_model():
     """Factory: an unhooked transformers copy of a HookedModel's weights (the oracle)."""
     from transformers import LlamaForCausalLM

@@ -15,18 +15,9 @@ from headhunt.probes.states import StateStore
 NGRAM = ["--target", "ngram", "--texts", "24", "--length", "30", "--grid", "0.01,1"]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A tiny model whose word tokenizer knows the built-in targets' words."""
-    from headhunt.probes.targets import MQAR_KEYS, MQAR_VALUES, NGRAM_WORDS
-    from headhunt.probes.tiny import tiny_llama, word_tokenizer
-
-    tok = word_tokenizer(extra_words=sorted(set(NGRAM_WORDS + MQAR_KEYS + MQAR_VALUES)))
-    m = tiny_llama(tokenizer=tok, max_context=1024)
-    path = tmp_path_factory.mktemp("tiny-probe-model")
-    m.model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+@pytest.fixture
+def folder(probe_folder):
+    return probe_folder
 
 
 def test_probe_writes_a_complete_run_directory(folder, tmp_path, capsys):

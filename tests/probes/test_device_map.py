@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -22,7 +23,7 @@ def layer_map(first, second) -> dict:
     return dict(zip(MODULES, [first, first, first, second, second, second], strict=True))
 
 
-def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
+def commands(tiny_folder, probe_folder, tmp_path) -> dict[str, list[str]]:
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5)))
     task = tmp_path / "task.jsonl"
@@ -44,6 +45,8 @@ def commands(tiny_folder, tmp_path) -> dict[str, list[str]]:
         + ["--needles", "passkey", "--max-new-tokens", "3"],
         "calibrate": ["calibrate", *model, "--task", str(task), "--n-calib", "6", "--n-dev", "6"]
         + ["--max-heads", "2", "--exclude-layers", "0", "--bootstrap", "100", "--batch-size", "5"],
+        "probe": ["probe", "--model", probe_folder, "--dtype", "float32", "--target", "ngram"]
+        + ["--texts", "12", "--length", "30", "--grid", "0.01,1", "--heads"],
     }
 
 
@@ -53,12 +56,15 @@ FILES = {
     "mqar": ["cells.jsonl", "masking.jsonl"],
     "retrieval": ["trials.jsonl", "retrieval_heads.json"],
     "calibrate": ["records.jsonl", "result.json"],
+    "probe": [],
 }
 
 
 def compare_runs(a, b, method: str, exact: bool) -> None:
     ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
-    assert ma["parameters"] == mb["parameters"]
+    placement = {"device", "device_map"}  # recorded by some commands; the rest must agree
+    pa, pb = ({k: v for k, v in m["parameters"].items() if k not in placement} for m in (ma, mb))
+    assert pa == pb
     sa, sb = (pd.read_parquet(d / "scores.parquet") for d in (a, b))
     if exact:
         pd.testing.assert_frame_equal(sa, sb)
@@ -68,9 +74,9 @@ def compare_runs(a, b, method: str, exact: bool) -> None:
         pd.testing.assert_frame_equal(sa, sb, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate"])
-def test_cli_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path, method):
-    argv = commands(tiny_folder, tmp_path)[method]
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate", "probe"])
+def test_cli_through_accelerate_hooks_on_the_cpu(tiny_folder, probe_folder, tmp_path, method):
+    argv = commands(tiny_folder, probe_folder, tmp_path)[method]
     plain, mapped = tmp_path / "plain", tmp_path / "mapped"
     assert main([*argv, "--device", "cpu", "--out", str(plain)]) == 0
     dm = json.dumps(layer_map("cpu", "cpu"))
@@ -80,7 +86,7 @@ def test_cli_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path, method):
 
 def test_auto_on_a_machine_without_gpus_is_the_cpu(tiny_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    argv = commands(tiny_folder, tmp_path)["sinks"]
+    argv = commands(tiny_folder, "", tmp_path)["sinks"]
     plain, auto = tmp_path / "plain", tmp_path / "auto"
     assert main([*argv, "--device", "cpu", "--out", str(plain)]) == 0
     assert main([*argv, "--device-map", "auto", "--out", str(auto)]) == 0
@@ -97,7 +103,7 @@ def test_auto_on_a_machine_without_gpus_is_the_cpu(tiny_folder, tmp_path, monkey
     ],
 )
 def test_bad_device_map_is_one_line(tiny_folder, tmp_path, capsys, value, message):
-    argv = commands(tiny_folder, tmp_path)["sinks"]
+    argv = commands(tiny_folder, "", tmp_path)["sinks"]
     assert main([*argv, "--device-map", value, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
@@ -105,7 +111,7 @@ def test_bad_device_map_is_one_line(tiny_folder, tmp_path, capsys, value, messag
 
 
 def test_nproc_and_device_map_do_not_combine(tiny_folder, tmp_path, capsys):
-    argv = commands(tiny_folder, tmp_path)["sinks"]
+    argv = commands(tiny_folder, "", tmp_path)["sinks"]
     code = main([*argv, "--device-map", "auto", "--nproc", "2", "--out", str(tmp_path / "r")])
     assert code == 2 and "do not combine" in capsys.readouterr().err
 
@@ -133,11 +139,11 @@ def test_dispatch_keeps_the_statistics_and_reports_the_devices():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate"])
-def test_split_over_two_gpus_matches_one_gpu(tiny_folder, tmp_path, method):
+@pytest.mark.parametrize("method", ["sinks", "ngram", "mqar", "retrieval", "calibrate", "probe"])
+def test_split_over_two_gpus_matches_one_gpu(tiny_folder, probe_folder, tmp_path, method):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    argv = commands(tiny_folder, tmp_path)[method]
+    argv = commands(tiny_folder, probe_folder, tmp_path)[method]
     one, split = tmp_path / "one", tmp_path / "split"
     assert main([*argv, "--device", "cuda:0", "--out", str(one)]) == 0
     dm = json.dumps(layer_map("cuda:0", "cuda:1"))
@@ -158,3 +164,46 @@ def test_dispatch_in_bf16_keeps_the_rotary_frequencies_in_float32():
     model = dispatch(m.model, layer_map("cpu", "cpu"), "bfloat16")
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+
+
+@pytest.mark.parametrize("where", ["cpu", pytest.param("two_gpus", marks=pytest.mark.gpu)])
+def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
+    # The planted model (sae/planted.py) is built in memory, so the command gets it through
+    # open_model: once whole, once dispatched over two devices (layer 2, which holds the
+    # planted heads, on the second). Capture, SAE, patching and EAP (gradients through the
+    # split model) must find the same circuit with the same patching effects.
+    import headhunt.commands.common as common
+    from headhunt.sae.planted import planted_model
+
+    if where == "two_gpus" and torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    first, second = ("cpu", "cpu") if where == "cpu" else ("cuda:0", "cuda:1")
+    task = tmp_path / "pairs.jsonl"
+    pairs = planted_model().pairs(10, seed=0).pairs
+    task.write_text("\n".join(json.dumps(p.to_dict()) for p in pairs))
+    argv = ["circuits", "--task-file", str(task), "--truth-top", "2", "--trials", "2"]
+    argv += ["--epochs", "60", "--no-progress", "--no-png", "--dtype", "float32"]
+
+    whole = planted_model().model
+    whole.model.to(first)
+    monkeypatch.setattr(common, "open_model", lambda args: whole)
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+
+    p = planted_model()
+    modules = {"model.embed_tokens": first, "model.rotary_emb": first, "model.layers.0": first}
+    modules |= {"model.layers.1": first, "model.layers.2": second, "model.norm": second}
+    split = HookedModel(
+        model=dispatch(p.model.model, modules | {"lm_head": second}, "float32"),
+        tokenizer=p.model.tokenizer,
+        name="planted-split",
+    )
+    monkeypatch.setattr(common, "open_model", lambda args: split)
+    assert main([*argv, "--out", str(tmp_path / "split")]) == 0
+
+    a, b = (pd.read_parquet(tmp_path / d / "scores.parquet") for d in ("whole", "split"))
+    for metric in ("truth", "patching"):
+        va = a[a.metric == metric].value.to_numpy()
+        vb = b[b.metric == metric].value.to_numpy()
+        np.testing.assert_allclose(va, vb, rtol=1e-4, atol=1e-5, err_msg=metric)
+    if where == "cpu":  # accelerate's hooks alone change nothing
+        pd.testing.assert_frame_equal(a, b)
