@@ -207,3 +207,17 @@ def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
         np.testing.assert_allclose(va, vb, rtol=1e-4, atol=1e-5, err_msg=metric)
     if where == "cpu":  # accelerate's hooks alone change nothing
         pd.testing.assert_frame_equal(a, b)
+
+
+def test_ablate_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path):
+    scores = tmp_path / "scores"
+    argv = commands(tiny_folder, "", tmp_path)["retrieval"]
+    assert main([*argv, "--device", "cpu", "--out", str(scores)]) == 0
+    ablate = ["ablate", "--model", str(tiny_folder), "--dtype", "float32", "--scores", str(scores)]
+    ablate += ["--top-k", "2", "--draws", "2", "--lengths", "128", "--depths", "50"]
+    ablate += ["--needles", "passkey", "--max-new-tokens", "3"]
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    assert main([*ablate, "--device", "cpu", "--out", str(plain)]) == 0
+    dm = json.dumps(layer_map("cpu", "cpu"))
+    assert main([*ablate, "--device-map", dm, "--out", str(mapped)]) == 0
+    assert (plain / "ablation.json").read_text() == (mapped / "ablation.json").read_text()
