@@ -88,8 +88,8 @@ def run(args) -> dict:
             result["repeat_mismatch"].append(bi)
         result["batches"].append({"ids": [t.id for t in batch], "hash": hashes[0]})
     result["decode_s"] = time.perf_counter() - t0
-    first = torch.tensor([t.input_ids for t in batches[-1]], device=model.device)
-    per_layer = [layer_hashes(model, first) for _ in range(args.repeats)]
+    longest = torch.tensor([t.input_ids for t in batches[-1]], device=model.device)
+    per_layer = [layer_hashes(model, longest) for _ in range(args.repeats)]
     result["layers"] = per_layer[0]
     result["layers_repeat_mismatch"] = sorted(
         k for k in per_layer[0] if any(p[k] != per_layer[0][k] for p in per_layer[1:])
@@ -98,10 +98,10 @@ def run(args) -> dict:
         return result
     with torch.inference_mode():
         result["prefill_kernels"] = kernel_names(
-            lambda: model.model(first, use_cache=False, logits_to_keep=1)
+            lambda: model.model(longest, use_cache=False, logits_to_keep=1)
         )
         result["decode_kernels"] = kernel_names(
-            lambda: greedy_decode(model, first[:, :-8], max_new_tokens=2, capture_argmax=True)
+            lambda: greedy_decode(model, longest[:, :-8], max_new_tokens=2, capture_argmax=True)
         )
     return result
 
