@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
-import pandas as pd
-
 from headhunt.cli import main
 from headhunt.distributed import Dist, strip_option
 
@@ -31,23 +27,25 @@ def test_share_and_strip():
     assert strip_option(["a", "--nproc", "2", "b", "--nproc=3"], "--nproc") == ["a", "b"]
 
 
-def test_two_processes_match_one(tiny_folder, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert main(["retrieval", "--model", str(tiny_folder), "--out", str(one), *ARGS]) == 0
-    assert (
-        main(["retrieval", "--model", str(tiny_folder), "--out", str(two), "--nproc", "2", *ARGS])
-        == 0
-    )
-    m1 = json.loads((one / "manifest.json").read_text())
-    m2 = json.loads((two / "manifest.json").read_text())
-    assert m2["processes"] == 2 and m1["processes"] == 1
-    assert m1["parameters"] == m2["parameters"]
-    for name in ("trials.jsonl", "retrieval_heads.json", "duo_attention.tsv"):
-        assert (one / name).read_text() == (two / name).read_text(), name
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(one / "scores.parquet"), pd.read_parquet(two / "scores.parquet")
-    )
-    assert not list(two.glob("trials.rank*.jsonl"))
+def test_two_processes_match_one_and_resume_per_shard(
+    tiny_folder, tmp_path, capsys, one_and_two_processes
+):
+    argv = ["retrieval", "--model", str(tiny_folder), *ARGS]
+    one, _ = one_and_two_processes(argv, tmp_path)
+
+    # Interrupted: rank 1 finished its first trial (batch 1 of 0..3), rank 0 nothing yet.
+    partial = tmp_path / "three.partial"
+    partial.mkdir()
+    lines = (one / "trials.jsonl").read_text().splitlines()
+    (partial / "trials.rank0.jsonl").write_text("")
+    (partial / "trials.rank1.jsonl").write_text(lines[1] + "\n")
+    three = tmp_path / "three"
+    capsys.readouterr()
+    assert main([*argv, "--out", str(three), "--resume"]) == 0
+    assert "resuming: 1 of 4 trials already done" in capsys.readouterr().out
+    for name in ("trials.jsonl", "retrieval_heads.json", "duo_attention.tsv", "scores.parquet"):
+        assert (one / name).read_bytes() == (three / name).read_bytes(), name
+    assert not partial.exists()
 
 
 def test_a_failing_group_reports_one_line(tiny_folder, tmp_path, capfd):

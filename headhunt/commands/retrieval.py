@@ -99,55 +99,37 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, dist) -> int:
     import json
-    from pathlib import Path
 
     import numpy as np
 
-    from headhunt.errors import HeadhuntError
+    from headhunt import distributed
     from headhunt.heads import retrieval as R
     from headhunt.heads.needles import read_haystack
     from headhunt.plots import head_heatmap, write_html
-    from headhunt.rundir import RunDir, load_run
+    from headhunt.rundir import load_run
 
     config = config_from_args(args)
     config.validate()
     read_haystack(config.haystack)  # fail on a bad haystack before loading the model
     params = {**config.to_dict(), "model": args.model, "kv_aggregate": args.kv_aggregate}
-    # Rank 0 owns the run directory; the others learn its fate before doing any work.
-    run_dir, failure = None, None
-    if dist.is_main:
-        try:
-            run_dir = RunDir.open(
-                args.out, "retrieval", resume=args.resume, force=args.force, parameters=params
-            )
-        except HeadhuntError as e:
-            failure = str(e)
-    state = dist.gather((failure, run_dir and str(run_dir.work), run_dir and run_dir.complete))[0]
-    failure, work, complete = state
-    if failure:
+    run_dir = distributed.open_run(
+        dist, args.out, "retrieval", resume=args.resume, force=args.force, parameters=params
+    )
+    if run_dir.complete:
         if dist.is_main:
-            raise HeadhuntError(failure)
-        return 2
-    if complete:
-        if dist.is_main:
-            show(
-                load_run(run_dir.out).scores(),
-                load_run(run_dir.out).manifest,
-                args.top,
-                args.threshold,
-            )
+            done = load_run(run_dir.out)
+            show(done.scores(), done.manifest, args.top, args.threshold)
         return 0
-    # Every rank reads and appends through the same work folder (rank 0 owns its lifecycle).
-    shared = run_dir or RunDir(out=Path(args.out), work=Path(work), method="retrieval")
 
     seed_everything(args.seed)
     t0 = time.perf_counter()
-    args.device = dist.device(args.device)
     model = open_model(args)
     t_load = time.perf_counter() - t0
     config.validate(model)
     trials = R.build_trials(model, config)
-    done = {r["id"] for r in shared.records("trials*.jsonl")}
+    # Whole decoding batches are dealt round-robin over the ranks; each keeps its finished
+    # trials in its own shard.
+    done = {r["id"] for r in distributed.shard_records(run_dir, TRIALS)}
     mine = [
         [t for t in b if t.id not in done]
         for b in dist.share(R.plan_batches(model, trials, config))
@@ -155,29 +137,25 @@ def _run(args: argparse.Namespace, dist) -> int:
     mine = [b for b in mine if b]
     if done and dist.is_main:
         print(f"resuming: {len(done)} of {len(trials)} trials already done")
-    shard = TRIALS if not dist.active else f"trials.rank{dist.rank}.jsonl"
+    shard = distributed.shard_name(dist, TRIALS)
     t1 = time.perf_counter()
-    new = R.run_trials(
+    R.run_trials(
         model,
         [],
         config,
         batches=mine,
         progress=dist.is_main,
-        on_record=lambda r: shared.append_record(r, shard),
+        on_record=lambda r: run_dir.append_record(r, shard),
     )
-    t_trials = time.perf_counter() - t1
-    gathered = dist.gather(new)
-    t_trials = max(dist.gather(t_trials))  # the slowest process sets the wall time
+    # The slowest process sets the wall time; gathering also waits for every rank's shard.
+    t_trials = max(dist.gather(time.perf_counter() - t1))
     if not dist.is_main:
         return 0
 
-    by_id = {r["id"]: r for r in shared.records("trials*.jsonl")}
-    by_id.update({r["id"]: r for part in gathered for r in part})
+    by_id = {r["id"]: r for r in distributed.shard_records(run_dir, TRIALS)}
     records = [by_id[t.id] for t in trials]
-    for f in run_dir.work.glob("trials*.jsonl"):
-        f.unlink()
-    for r in records:  # one file, in trial order, however the work was split or resumed
-        run_dir.append_record(r, TRIALS)
+    # One file, in trial order, however the work was split or resumed.
+    distributed.merge_records(run_dir, TRIALS, records)
     scores = R.aggregate(records, model)
     scores.to_parquet(run_dir.path("scores.parquet"))
     run_dir.path("retrieval_heads.json").write_text(
