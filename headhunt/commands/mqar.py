@@ -250,6 +250,8 @@ def _run(args: argparse.Namespace, dist) -> int:
     done = {(r["n_pairs"], r["gap"]) for r in distributed.shard_records(run_dir, CELLS)}
     if distributed.shard_records(run_dir, HEADS):
         done.add("heads")
+    if done and dist.is_main:
+        print(f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)")
     # Share the whole plan, then skip what is done: a rank that reads the shards after another
     # rank began appending still takes the same share.
     mine = [u for u in dist.share([*grid, "heads"]) if u not in done]

@@ -12,7 +12,9 @@ SMALL = ["--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6", "--example
 SMALL += ["--heads-cell", "2,0", "--head-examples", "3", "--top-k", "2", "--random-sets", "2"]
 
 
-def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, one_and_two_processes):
+def test_two_processes_match_one_and_resume_per_shard(
+    tiny_folder, tmp_path, capsys, one_and_two_processes
+):
     argv = ["mqar", "--model", str(tiny_folder), "--device", "cpu", *SMALL]
     one, _ = one_and_two_processes(argv, tmp_path)
 
@@ -27,7 +29,9 @@ def test_two_processes_match_one_and_resume_per_shard(tiny_folder, tmp_path, one
     masks = (one / "masking.jsonl").read_text().splitlines(keepends=True)
     (partial / "masking.rank1.jsonl").write_text(masks[1])
     three = tmp_path / "three"
+    capsys.readouterr()
     assert main([*argv, "--out", str(three), "--resume"]) == 0
+    assert "resuming: 5 of 5 cells already done (heads cell included)" in capsys.readouterr().out
     for name in ("cells.jsonl", "heads.jsonl", "masking.jsonl", "masking.json", "scores.parquet"):
         assert (one / name).read_bytes() == (three / name).read_bytes(), name
     assert not os.path.exists(partial)
