@@ -333,6 +333,20 @@ def check_sequences(model: HookedModel, seqs: Iterable[Tensor]) -> list[Tensor]:
 
 
 @torch.inference_mode()
+def plan_batches(seqs: Sequence[Tensor], batch_size: int) -> list[list[int]]:
+    """The forwards of :func:`score_sequences`: runs of up to ``batch_size`` equal-length
+    neighbours, as index lists. Sharing whole batches over processes scores every sequence in
+    the same batch as one process does."""
+    out, i = [], 0
+    while i < len(seqs):
+        j = i + 1
+        while j < len(seqs) and j - i < batch_size and len(seqs[j]) == len(seqs[i]):
+            j += 1
+        out.append(list(range(i, j)))
+        i = j
+    return out
+
+
 def score_sequences(
     model: HookedModel,
     seqs: Sequence[Tensor] | Tensor,
@@ -341,14 +355,13 @@ def score_sequences(
     batch_size: int = 8,
     progress: bool = False,
     on_record: Callable[[int, SeqRecord], None] | None = None,
-    skip: int = 0,
     desc: str = "ngram",
 ) -> list[SeqRecord]:
     """Score every head on each sequence; one :class:`SeqRecord` per sequence.
 
-    Equal-length neighbours are batched (``batch_size`` rows per forward). ``on_record(i, r)``
-    is called as each sequence finishes (a run directory appends it, for resuming); the first
-    ``skip`` sequences are taken as already done and not recomputed.
+    Equal-length neighbours are batched (``batch_size`` rows per forward, see
+    :func:`plan_batches`). ``on_record(i, r)`` is called as each sequence finishes (a run
+    directory appends it, for resuming).
     """
     from tqdm.auto import tqdm
 
@@ -356,24 +369,19 @@ def score_sequences(
     seqs = check_sequences(model, list(seqs))
     hook = NgramHook(cfg)
     out: list[SeqRecord] = []
-    i = skip
-    bar = tqdm(total=len(seqs), initial=skip, desc=desc, disable=not progress, unit="seq")
+    bar = tqdm(total=len(seqs), desc=desc, disable=not progress, unit="seq")
     with model.hooks(hook):
-        while i < len(seqs):
-            j = i + 1
-            while j < len(seqs) and j - i < batch_size and len(seqs[j]) == len(seqs[i]):
-                j += 1
-            batch = torch.stack(seqs[i:j])
+        for idx in plan_batches(seqs, batch_size):
+            batch = torch.stack([seqs[i] for i in idx])
             hook.set_pairs([match_pairs(s, cfg.k_max) for s in batch])
             # Only attention is scored: skip the [n, vocab] logits (1.6 GB at 8k tokens).
             model.forward(batch, use_cache=False, logits_to_keep=1)
-            for b in range(j - i):
+            for b, i in enumerate(idx):
                 rec = _record(len(batch[b]), hook.results[b], model.n_layers)
                 out.append(rec)
                 if on_record is not None:
-                    on_record(i + b, rec)
-            bar.update(j - i)
-            i = j
+                    on_record(i, rec)
+            bar.update(len(idx))
     bar.close()
     return out
 

@@ -161,25 +161,17 @@ def run(args: argparse.Namespace) -> int:
     return distributed.main(args, lambda a, dist: _run(a, dist, texts))
 
 
-def plan_batches(seqs: list, batch_size: int) -> list[list[int]]:
-    """The forwards of :func:`headhunt.heads.ngram.score_sequences`: runs of up to
-    ``batch_size`` equal-length neighbours. Ranks share whole batches, so every sequence is
-    scored in the same batch as in one process."""
-    out, i = [], 0
-    while i < len(seqs):
-        j = i + 1
-        while j < len(seqs) and j - i < batch_size and len(seqs[j]) == len(seqs[i]):
-            j += 1
-        out.append(list(range(i, j)))
-        i = j
-    return out
-
-
 def _run(args: argparse.Namespace, dist, texts: list[str] | None) -> int:
     from tqdm import tqdm
 
     from headhunt import distributed
-    from headhunt.heads.ngram import NgramConfig, SeqRecord, score_sequences, summarize
+    from headhunt.heads.ngram import (
+        NgramConfig,
+        SeqRecord,
+        plan_batches,
+        score_sequences,
+        summarize,
+    )
     from headhunt.heads.scores import HeadScores
     from headhunt.plots import write_html
     from headhunt.rundir import load_run
