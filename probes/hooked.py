@@ -201,7 +201,10 @@ def load_model(
     if device_map is not None:
         dm, dt = _placement(device_map, dtype)
         model, tok = load_hf(
-            spec, trust_remote_code=trust_remote_code, device_map=dm, dtype=str(dt)[6:]
+            spec,
+            trust_remote_code=trust_remote_code,
+            device_map=dm,
+            dtype=str(dt).removeprefix("torch."),
         )
         if getattr(model, "hf_device_map", None) is None:  # a first GGUF load: on the CPU
             model = dispatch(model, dm, dtype)
