@@ -120,3 +120,25 @@ def _one_and_two_processes(argv: list[str], tmp_path) -> tuple:
 def one_and_two_processes():
     """Run a command with one and with two gloo processes; their run directories must match."""
     return _one_and_two_processes
+
+
+@pytest.fixture
+def resume_from_shards(tmp_path, capsys):
+    """Resume ``argv`` from rank shards (``{file name: text}``) of an interrupted run: it must
+    say ``message`` (so the shards were read) and write ``names`` as the complete run ``one``
+    has them, leaving no work folder."""
+    from headhunt.cli import main
+
+    def check(argv: list[str], one, shards: dict[str, str], message: str, names) -> None:
+        partial, three = tmp_path / "three.partial", tmp_path / "three"
+        partial.mkdir()
+        for name, text in shards.items():
+            (partial / name).write_text(text)
+        capsys.readouterr()
+        assert main([*argv, "--out", str(three), "--resume"]) == 0
+        assert message in capsys.readouterr().out
+        for name in names:
+            assert (one / name).read_bytes() == (three / name).read_bytes(), name
+        assert not partial.exists()
+
+    return check

@@ -28,24 +28,16 @@ def test_share_and_strip():
 
 
 def test_two_processes_match_one_and_resume_per_shard(
-    tiny_folder, tmp_path, capsys, one_and_two_processes
+    tiny_folder, tmp_path, one_and_two_processes, resume_from_shards
 ):
     argv = ["retrieval", "--model", str(tiny_folder), *ARGS]
     one, _ = one_and_two_processes(argv, tmp_path)
 
     # Interrupted: rank 1 finished its first trial (batch 1 of 0..3), rank 0 nothing yet.
-    partial = tmp_path / "three.partial"
-    partial.mkdir()
     lines = (one / "trials.jsonl").read_text().splitlines()
-    (partial / "trials.rank0.jsonl").write_text("")
-    (partial / "trials.rank1.jsonl").write_text(lines[1] + "\n")
-    three = tmp_path / "three"
-    capsys.readouterr()
-    assert main([*argv, "--out", str(three), "--resume"]) == 0
-    assert "resuming: 1 of 4 trials already done" in capsys.readouterr().out
-    for name in ("trials.jsonl", "retrieval_heads.json", "duo_attention.tsv", "scores.parquet"):
-        assert (one / name).read_bytes() == (three / name).read_bytes(), name
-    assert not partial.exists()
+    shards = {"trials.rank0.jsonl": "", "trials.rank1.jsonl": lines[1] + "\n"}
+    names = ("trials.jsonl", "retrieval_heads.json", "duo_attention.tsv", "scores.parquet")
+    resume_from_shards(argv, one, shards, "resuming: 1 of 4 trials already done", names)
 
 
 def test_a_failing_group_reports_one_line(tiny_folder, tmp_path, capfd):
