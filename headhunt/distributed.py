@@ -67,8 +67,13 @@ class Dist:
         torch.distributed.all_gather_object(out, obj)
         return out
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Leave the group. ``finished``: every rank got through the same collectives, so they
+        meet at a barrier first and tear down together (a rank whose peer already closed its
+        connections can abort in gloo's teardown)."""
         if self.active and torch.distributed.is_initialized():
+            if finished:
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
 
@@ -180,16 +185,19 @@ def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], in
         return launch(strip_option(args.argv, "--nproc"), nproc)
 
     dist = init()
+    finished = False
     try:
         if dist.active:
             args.device = dist.device(args.device)
-        return body(args, dist)
+        code = body(args, dist)
+        finished = True
+        return code
     except HeadhuntError:
         if dist.is_main:
             raise
         return 2  # every rank meets the same bad input: rank 0 alone reports it
     finally:
-        dist.close()
+        dist.close(finished)
 
 
 def open_run(dist: Dist, out: str, method: str, **kwargs: Any) -> RunDir:
