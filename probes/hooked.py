@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,28 @@ class HookedModel:
             for m in self.modules:
                 _run_on_own_device(m)
         self.model.eval()
+
+    @functools.cached_property
+    def blocks(self) -> torch.nn.ModuleList:
+        """The decoder layers (blocks), in layer order: the model's ``ModuleList`` whose item L
+        holds attention module L. Forward hooks on ``blocks[L]`` see the residual stream after
+        layer L (the way analyzers reach a layer; never a model-family attribute path)."""
+        found = [
+            mod
+            for mod in self.model.modules()
+            if isinstance(mod, torch.nn.ModuleList)
+            and len(mod) == self.n_layers
+            and all(
+                any(m is a for m in block.modules())
+                for block, a in zip(mod, self.modules, strict=True)
+            )
+        ]
+        if len(found) != 1:
+            raise HeadhuntError(
+                f"cannot find the decoder layers of {type(self.model).__name__} "
+                f"({len(found)} lists of {self.n_layers} layers own its attention modules)"
+            )
+        return found[0]
 
     @property
     def device(self) -> torch.device:
