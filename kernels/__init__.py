@@ -3,7 +3,10 @@
 ``attention_stats`` gives, per query head, each query's log-sum-exp, max score,
 argmax key and (optionally) entropy, and each key's summed / mean received attention,
 in memory linear in the sequence length. ``attention_probs_at`` then gives exact
-probabilities of chosen (query, key) pairs from the log-sum-exp.
+probabilities of chosen (query, key) pairs from the log-sum-exp. Both take the attention
+variants of current model families: sliding windows, chunked attention, logit softcaps,
+learned sink logits and per-row key intervals (padding), as transformers' eager
+attention defines them.
 
 Backends: a blocked PyTorch implementation (any device; the CPU path and test oracle)
 and Triton kernels for CUDA. Triton is imported lazily, so this package imports
@@ -11,6 +14,7 @@ without Triton or CUDA.
 """
 
 from .api import attention_probs_at, attention_stats, triton_available
+from .masks import key_visible_counts, row_key_bounds
 from .reference import visible_query_count
 from .types import AttentionStats
 
@@ -18,6 +22,8 @@ __all__ = [
     "AttentionStats",
     "attention_probs_at",
     "attention_stats",
+    "key_visible_counts",
+    "row_key_bounds",
     "triton_available",
     "visible_query_count",
 ]

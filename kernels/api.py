@@ -47,14 +47,78 @@ def _check_qk(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int, int]:
     return b, hq, nq, d, hkv, nk
 
 
-def _pick_backend(backend: Backend, q: Tensor, d: int) -> Literal["torch", "triton"]:
+def _check_mask_options(
+    q: Tensor,
+    *,
+    b: int,
+    hq: int,
+    nq: int,
+    causal: bool,
+    window: int | None,
+    chunk: int | None,
+    softcap: float | None,
+    sinks: Tensor | None,
+    key_lo: Tensor | None,
+    key_hi: Tensor | None,
+) -> dict:
+    """Validate the mask / score options; return them normalised (ints, float32 sinks,
+    int64 bounds on q's device)."""
+    for name, value in (("window", window), ("chunk", chunk)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if not causal:
+            raise ValueError(f"{name} is defined on top of the causal mask; pass causal=True")
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a positive finite number; got {softcap!r}")
+    if sinks is not None:
+        if tuple(sinks.shape) != (hq,):
+            raise ValueError(
+                f"sinks must be [{hq}] (one logit per query head); got {tuple(sinks.shape)}"
+            )
+        sinks = sinks.detach().to(device=q.device, dtype=torch.float32)
+        if not torch.isfinite(sinks).all():
+            raise ValueError("sinks must be finite")
+    bounds = {}
+    for name, t in (("key_lo", key_lo), ("key_hi", key_hi)):
+        if t is None:
+            bounds[name] = None
+            continue
+        if tuple(t.shape) != (b, nq) or t.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"{name} must be an int64 [{b}, {nq}] tensor; got {t.dtype} {tuple(t.shape)}"
+            )
+        bounds[name] = t.to(device=q.device, dtype=torch.int64)
+    return dict(
+        window=None if window is None else int(window),
+        chunk=None if chunk is None else int(chunk),
+        softcap=None if softcap is None else float(softcap),
+        sinks=sinks,
+        **bounds,
+    )
+
+
+# Options the Triton kernels implement; any other set option sends "auto" to torch.
+_TRITON_OPTIONS: frozenset[str] = frozenset()
+
+
+def _pick_backend(
+    backend: Backend, q: Tensor, d: int, options: dict | None = None
+) -> Literal["torch", "triton"]:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
     if backend == "torch":
         return "torch"
+    options = options or {}
+    unsupported = sorted(
+        n for n, v in options.items() if v is not None and n not in _TRITON_OPTIONS
+    )
     if backend == "triton":
+        if unsupported:
+            raise ValueError(f"the Triton backend does not support {', '.join(unsupported)} yet")
         return "triton"
-    if backend != "auto":
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
-    if q.is_cuda and d <= _TRITON_MAX_HEAD_DIM and triton_available():
+    if not unsupported and q.is_cuda and d <= _TRITON_MAX_HEAD_DIM and triton_available():
         return "triton"
     return "torch"
 
@@ -68,19 +132,46 @@ def attention_stats(
     key_stats: bool = True,
     entropy: bool = False,
     q_offset: int | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " hq"] | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
     backend: Backend = "auto",
 ) -> AttentionStats:
     """Per-head attention statistics in linear memory (no ``nq x nk`` matrix).
 
     Scores are ``s_ij = scale * q_i . k_j`` (float32 accumulation whatever the input
-    dtype) and ``p_ij = softmax_j(s_ij)`` over the keys query ``i`` can see.
+    dtype), passed through ``softcap * tanh(s / softcap)`` when ``softcap`` is given
+    (Gemma 2 eager: after the scaling, before the mask), and
+    ``p_ij = exp(s_ij - lse_i)`` over the keys query ``i`` can see.
 
-    Causal alignment is bottom-right, like FlashAttention: query ``i`` sits at absolute
-    position ``q_offset + i`` and sees keys ``0 .. q_offset + i``. With the default
-    ``q_offset = nk - nq`` the last query sees every key (so decode with ``nq = 1``
-    sees the whole cache). A row that sees no key (only possible with
-    ``q_offset < 0``) gets ``lse = max_score = -inf``, ``argmax = -1``,
-    ``entropy = 0`` and adds nothing to the key statistics.
+    Positions: query ``i`` sits at ``p = q_offset + i``, counted from key 0 (``q_offset``
+    is the absolute position of query 0 minus that of key 0; a cache that keeps only a
+    window needs the matching offset). With the default ``q_offset = nk - nq`` the last
+    query is aligned with the last key (bottom-right, like FlashAttention), so decode
+    with ``nq = 1`` sees the whole cache. Query ``i`` sees key ``j`` when all of these
+    hold (the rules of transformers' ``masking_utils``):
+
+    - ``causal``: ``j <= p``;
+    - ``window`` (transformers' ``sliding_window``): ``p - window < j``, so a row sees
+      at most ``window`` keys, its own included;
+    - ``chunk`` (Llama 4 chunked attention): ``j // chunk == p // chunk``; chunk
+      boundaries sit at multiples of ``chunk`` counted from key 0 (transformers shifts
+      them by each batch row's left padding: express such rows through ``key_lo``);
+    - ``key_lo[b, i] <= j <= key_hi[b, i]`` (padding or any per-row mask; each row's
+      visible keys must form one interval).
+
+    ``sinks`` (gpt-oss ``s_aux``, one logit per query head, in the units of the scaled
+    scores) adds one logit to every row's softmax denominator:
+    ``lse_i = log(sum_j exp(s_ij) + exp(sink_h))``, so ``exp(s_ij - lse_i)`` are the
+    model's probabilities and sum to less than 1 over the keys. Then ``entropy`` is over
+    the keys plus the sink slot, ``max_score`` / ``argmax`` are over keys only and
+    ``col_sum`` / ``col_mean`` sum the true probabilities.
+
+    A row that sees no key gets ``lse = max_score = -inf`` (``lse = sink`` with sinks),
+    ``argmax = -1``, ``entropy = 0`` and adds nothing to the key statistics.
 
     Args:
         q: Queries ``[batch, query heads, queries, head dim]``, bf16/fp16/fp32.
@@ -90,11 +181,19 @@ def attention_stats(
         causal: Apply the causal mask (bottom-right aligned).
         scale: Score scale (must be positive); defaults to ``1 / sqrt(head dim)``.
         key_stats: Also compute ``col_sum`` / ``col_mean`` (a second pass over the
-            scores on the Triton backend).
+            scores on the Triton backend); ``col_mean`` divides by the number of rows
+            that see each key under all the rules above.
         entropy: Also compute each query's entropy in nats.
-        q_offset: Absolute position of query 0; defaults to ``nk - nq``.
-        backend: ``"auto"`` (Triton for CUDA tensors when available, else torch),
-            ``"torch"`` (blocked PyTorch, any device) or ``"triton"``.
+        q_offset: Position of query 0 relative to key 0; defaults to ``nk - nq``.
+        window: Sliding-window size (needs ``causal``).
+        chunk: Attention chunk size (needs ``causal``).
+        softcap: Logit softcap (positive).
+        sinks: Float ``[hq]`` sink logit per query head.
+        key_lo: Int64 ``[batch, queries]`` first visible key of each row (inclusive).
+        key_hi: Int64 ``[batch, queries]`` last visible key of each row (inclusive).
+        backend: ``"auto"`` (Triton for CUDA tensors when it supports every option
+            given, else torch), ``"torch"`` (blocked PyTorch, any device) or
+            ``"triton"`` (raises ``ValueError`` for an option it does not support).
 
     Returns:
         :class:`AttentionStats` on ``q``'s device; float32 except int64 ``argmax``.
@@ -108,6 +207,19 @@ def attention_stats(
         raise ValueError(f"scale must be positive; got {scale}")
     if q_offset is None:
         q_offset = nk - nq
+    options = _check_mask_options(
+        q,
+        b=b,
+        hq=hq,
+        nq=nq,
+        causal=causal,
+        window=window,
+        chunk=chunk,
+        softcap=softcap,
+        sinks=sinks,
+        key_lo=key_lo,
+        key_hi=key_hi,
+    )
     kwargs = dict(
         causal=causal,
         scale=float(scale),
@@ -115,11 +227,13 @@ def attention_stats(
         entropy=entropy,
         q_offset=int(q_offset),
     )
-    if _pick_backend(backend, q, d) == "triton":
+    if _pick_backend(backend, q, d, options) == "triton":
         from .triton_stats import attention_stats_triton
 
-        return attention_stats_triton(q, k, **kwargs)
-    return attention_stats_torch(q, k, **kwargs)
+        # Only the options that are set (all of them supported, see _pick_backend).
+        used = {name: value for name, value in options.items() if value is not None}
+        return attention_stats_triton(q, k, **kwargs, **used)
+    return attention_stats_torch(q, k, **kwargs, **options)
 
 
 def attention_probs_at(
@@ -132,25 +246,36 @@ def attention_probs_at(
     scale: float | None = None,
     q_offset: int | None = None,
     causal: bool = True,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " hq"] | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
 ) -> Float[Tensor, "b hq m"]:
     """Exact softmax probabilities of chosen (query, key) pairs.
 
-    Computes ``p = exp(scale * q_i . k_j - lse_i)`` for each pair, with ``lse`` taken
-    from :func:`attention_stats` on the same ``q``, ``k``, ``scale``, ``q_offset`` and
-    ``causal``. Only the ``m`` requested rows of ``q`` and ``k`` are gathered, so memory
-    is ``O(m * d)``.
+    Computes ``p = exp(s_ij - lse_i)`` for each pair, with the score ``s_ij`` as in
+    :func:`attention_stats` (scale, then softcap) and ``lse`` taken from
+    :func:`attention_stats` on the same inputs and options. Pairs the mask forbids
+    (causal, window, chunk, ``key_lo`` / ``key_hi``, as defined there) give 0. Only the
+    ``m`` requested rows of ``q`` and ``k`` are gathered, so memory is ``O(m * d)``.
+
+    ``sinks`` is accepted (and checked) so that the keyword arguments of an
+    :func:`attention_stats` call can be passed unchanged; it does not enter the
+    result, since the sink term is already part of that call's ``lse``.
 
     Args:
         q: Queries ``[batch, query heads, queries, head dim]``.
         k: Keys ``[batch, kv heads, keys, head dim]`` (GQA as in attention_stats).
-        lse: ``AttentionStats.lse`` for these ``q`` and ``k``.
+        lse: ``AttentionStats.lse`` for these ``q``, ``k`` and options.
         query_idx: Query indices, int64, shape ``[m]`` (same pairs for every batch
             row and head) or ``[b, hq, m]``.
         key_idx: Key indices, same shape as ``query_idx``.
         scale: Score scale; defaults to ``1 / sqrt(head dim)``.
-        q_offset: Absolute position of query 0; defaults to ``nk - nq``.
-        causal: Whether the causal mask applies; pairs it forbids (key position after
-            the query's position) give probability 0.
+        q_offset: Position of query 0 relative to key 0; defaults to ``nk - nq``.
+        causal: Whether the causal mask applies.
+        window, chunk, softcap, sinks, key_lo, key_hi: As in :func:`attention_stats`.
 
     Returns:
         Float32 probabilities ``[b, hq, m]``.
@@ -168,6 +293,20 @@ def attention_probs_at(
         scale = 1.0 / math.sqrt(d)
     if q_offset is None:
         q_offset = nk - nq
+    options = _check_mask_options(
+        q,
+        b=b,
+        hq=hq,
+        nq=nq,
+        causal=causal,
+        window=window,
+        chunk=chunk,
+        softcap=softcap,
+        sinks=sinks,
+        key_lo=key_lo,
+        key_hi=key_hi,
+    )
+    options.pop("sinks")
     return attention_probs_at_torch(
         q,
         k,
@@ -177,4 +316,5 @@ def attention_probs_at(
         scale=float(scale),
         q_offset=int(q_offset),
         causal=causal,
+        **options,
     )

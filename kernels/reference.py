@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int64
 from torch import Tensor
 
+from .masks import key_visible_counts, row_key_bounds
 from .types import AttentionStats
 
 __all__ = ["attention_stats_torch", "default_block_q", "visible_query_count"]
@@ -106,6 +107,12 @@ def attention_stats_torch(
     key_stats: bool = True,
     entropy: bool = False,
     q_offset: int | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " hq"] | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
     block_q: int | None = None,
 ) -> AttentionStats:
     """Blocked PyTorch implementation of :func:`headhunt.kernels.attention_stats`.
@@ -119,10 +126,12 @@ def attention_stats_torch(
         key_stats: Also compute ``col_sum`` and ``col_mean`` (per-key statistics).
         entropy: Also compute the per-query entropy (nats).
         q_offset: Absolute position of query 0; defaults to ``nk - nq``.
+        window, chunk, softcap, sinks, key_lo, key_hi: As in
+            :func:`headhunt.kernels.attention_stats` (already validated there).
         block_q: Query positions per block; the largest intermediate holds about
-            ``batch * hq * block_q * nk`` floats. Defaults to an adaptive size that
-            keeps each block near a device-dependent element budget (see
-            :func:`default_block_q`).
+            ``batch * hq * block_q * (visible keys of the block)`` floats. Defaults to
+            an adaptive size that keeps each block near a device-dependent element
+            budget (see :func:`default_block_q`).
 
     Returns:
         The statistics, all float32 except ``argmax`` (int64), on ``q``'s device.
@@ -150,74 +159,126 @@ def attention_stats_torch(
     arg_g = argmax.view(b, hkv, group, nq)
     ent_g = ent.view(b, hkv, group, nq) if ent is not None else None
     col_g = col_sum.view(b, hkv, group, nk) if col_sum is not None else None
+    # Sink logits in log2 units, [1, hkv, group, 1] against the [b, hkv, group, nb] rows.
+    sink2 = None
+    if sinks is not None:
+        sink2 = (sinks.to(device=dev, dtype=f32) * _LOG2E).view(1, hkv, group, 1)
+        # Rows that see no key keep only the sink: lse = sink, entropy 0.
+        lse_g.copy_((sink2 * _LN2).expand_as(lse_g))
+
+    # Visible keys of each row as one interval; block bounds are read on the CPU copy.
+    lo, hi = row_key_bounds(
+        b,
+        nq,
+        nk,
+        causal=causal,
+        q_offset=q_offset,
+        window=window,
+        chunk=chunk,
+        key_lo=key_lo,
+        key_hi=key_hi,
+        device=dev,
+    )
+    lo_c, hi_c = lo.cpu(), hi.cpu()
+    seen_c = lo_c <= hi_c
+    span_c = torch.where(seen_c, hi_c - lo_c + 1, 0).amax(0)  # [nq] widest row over batch
 
     # Scores are computed in log2 units (s2 = s * log2(e)) because exp2 is about twice
     # as fast as exp on CPU; log2(e) and the scale are folded into q once (O(n d)).
-    qs = (q.to(f32) * (scale * _LOG2E)).view(b, hkv, group, nq, d)
+    # With a softcap the tanh needs natural units first, so only the scale is folded.
+    q_mult = scale if softcap is not None else scale * _LOG2E
+    qs = (q.to(f32) * q_mult).view(b, hkv, group, nq, d)
     # Keys are zero-padded to a multiple of _CHUNK so that every score row splits into
     # whole chunks for the chunked argmax below; padded columns are masked to -inf.
     nk_pad = -(-nk // _CHUNK) * _CHUNK
     kt = torch.zeros((b, hkv, d, nk_pad), dtype=f32, device=dev)
     kt[..., :nk] = k.to(f32).transpose(-1, -2)  # K^T, read by matmul as [d, keys]
 
-    # With causality, queries before position 0 (only when q_offset < 0) see no key:
-    # they keep lse = -inf, argmax = -1 and contribute nothing.
-    i0 = max(0, -q_offset) if causal else 0
-    if nk == 0:
-        i0 = nq
+    i0 = 0
     while i0 < nq:
         if block_q is not None:
             nb = block_q
         else:
-            # Adaptive block: early causal blocks see few keys, so take more queries.
-            seen = min(nk, q_offset + i0 + 16) if causal else nk
+            # Adaptive block: rows that see few keys (early causal rows, windows) allow
+            # more queries per block.
+            seen = min(nk, int(span_c[i0]) + 16)
             nb = default_block_q(rows_per_query, max(seen, _CHUNK), dev)
         i1 = min(i0 + nb, nq)
         nb = i1 - i0
-        # Keys visible to at least one query of the block; later keys are never scored.
-        kmax = min(nk, q_offset + i1) if causal else nk
-        kpad = -(-kmax // _CHUNK) * _CHUNK
+        rows_seen = seen_c[:, i0:i1]
+        if not rows_seen.any():
+            i0 = i1  # no row of the block sees a key: the defaults above stand
+            continue
+        # Score only the keys some row of the block sees (from a _CHUNK boundary).
+        lo_blk, hi_blk = lo_c[:, i0:i1][rows_seen], hi_c[:, i0:i1][rows_seen]
+        c0 = int(lo_blk.min()) // _CHUNK * _CHUNK
+        c1 = c0 + -(-(int(hi_blk.max()) + 1 - c0) // _CHUNK) * _CHUNK
         qb = qs[:, :, :, i0:i1].reshape(b, hkv, group * nb, d)
-        s = torch.matmul(qb, kt[..., :kpad]).view(b, hkv, group, nb, kpad)
-        # Only columns past the first row's last visible key (causal) or past nk (the
-        # padding) can be masked: mask that strip instead of the whole block.
-        c0 = min(q_offset + i0 + 1, nk) if causal else nk
-        if c0 < kpad:
-            cols = torch.arange(c0, kpad, device=dev).unsqueeze(0)
-            strip = cols >= nk
-            if causal:
-                rows = torch.arange(i0, i1, device=dev).unsqueeze(1) + q_offset
-                strip = strip | (cols > rows)  # [nb, kpad - c0], True = masked
-            s[..., c0:].masked_fill_(strip, -math.inf)
+        s = torch.matmul(qb, kt[..., c0:c1]).view(b, hkv, group, nb, c1 - c0)
+        if softcap is not None:
+            # Gemma 2 eager: scores -> softcap * tanh(scores / softcap), then the mask.
+            s.div_(softcap).tanh_().mul_(softcap * _LOG2E)
+        # Columns [full_lo, full_hi] are visible to every row of the block; only the
+        # strips outside them need a mask (all of it if some row sees nothing).
+        if rows_seen.all():
+            full_lo, full_hi = int(lo_blk.max()), int(hi_blk.min())
+        else:
+            full_lo, full_hi = c1, c1 - 1
+        strips = []
+        for a, e in ((c0, min(full_lo, c1)), (max(full_hi + 1, full_lo, c0), c1)):
+            if a < e:
+                cols = torch.arange(a, e, device=dev).view(1, 1, -1)
+                out = (cols < lo[:, i0:i1, None]) | (cols > hi[:, i0:i1, None])
+                strips.append((slice(a - c0, e - c0), out.view(b, 1, 1, nb, e - a)))
+        for cs, out in strips:
+            s[..., cs].masked_fill_(out, -math.inf)
         m, idx = _chunked_max(s)
+        empty = m == -math.inf
         max_g[..., i0:i1] = m * _LN2
-        arg_g[..., i0:i1] = idx
+        arg_g[..., i0:i1] = torch.where(empty, -1, idx + c0)
+        m = m.masked_fill(empty, 0.0)  # empty rows: s - 0 = -inf, so e = 0 and l = 0
         s.sub_(m.unsqueeze(-1))  # s - m <= 0, so exp2 never overflows
         if ent_g is not None:
             e = torch.exp2(s)
-            if c0 < kpad:
-                # 0 * (-inf) would poison the dot below; masked entries carry e = 0.
-                s[..., c0:].masked_fill_(strip, 0.0)
+            # 0 * (-inf) would poison the dot below; masked entries carry e = 0.
+            for cs, out in strips:
+                s[..., cs].masked_fill_(out, 0.0)
             # sum_j e_j (s_j - m) as a batched dot product: one pass, no temporary.
             t = torch.matmul(e.unsqueeze(-2), s.unsqueeze(-1)).view(m.shape)
         else:
             e = s.exp2_()
-            t = None
+            t = torch.zeros_like(m)
         l_sum = e.sum(dim=-1)
+        if sink2 is not None:
+            # One more logit per row: rebase (m, l, t) to M = max(m, sink) and add the
+            # sink's term e_s = 2**(sink - M), for the sum and for the entropy.
+            m_top = torch.maximum(m.masked_fill(empty, -math.inf), sink2)
+            alpha = torch.exp2(m - m_top).masked_fill(empty, 0.0)
+            e_sink = torch.exp2(sink2 - m_top)
+            t = alpha * (t + (m - m_top) * l_sum) + e_sink * (sink2 - m_top)
+            l_sum = alpha * l_sum + e_sink
+            m = m_top
+        else:
+            alpha = None
         log2_l = torch.log2(l_sum)
         lse_g[..., i0:i1] = (m + log2_l) * _LN2
-        if ent_g is not None and t is not None:
+        if ent_g is not None:
             # H = -sum p ln p = ln l - ln2 * sum_j e_j (s2_j - m2) / l, with p = e / l.
-            ent_g[..., i0:i1] = (log2_l - t / l_sum) * _LN2
+            h = (log2_l - t / l_sum) * _LN2
+            ent_g[..., i0:i1] = torch.where(l_sum > 0, h, 0.0)
         if col_g is not None:
-            # sum_i p_ij = sum_i e_ij / l_i: a vector-matrix product per head.
-            w = l_sum.reciprocal().unsqueeze(-2)  # [b, hkv, group, 1, nb]
-            col_g[..., :kmax] += torch.matmul(w, e).squeeze(-2)[..., :kmax]
+            # sum_i p_ij = sum_i e_ij * w_i: a vector-matrix product per head, where
+            # w = 1 / l (times the rebase factor with a sink; 0 for empty rows).
+            w = torch.where(l_sum > 0, l_sum.reciprocal(), 0.0)
+            if alpha is not None:
+                w = w * alpha
+            c_end = min(c1, nk)
+            col_g[..., c0:c_end] += torch.matmul(w.unsqueeze(-2), e).squeeze(-2)[..., : c_end - c0]
         i0 = i1
 
     col_mean = None
     if col_sum is not None:
-        count = visible_query_count(nq, nk, causal=causal, q_offset=q_offset, device=dev)
+        count = key_visible_counts(lo, hi, nk).unsqueeze(1)  # [b, 1, nk]
         col_mean = torch.where(count > 0, col_sum / count.clamp_min(1.0), 0.0)
     return AttentionStats(
         lse=lse,
@@ -239,13 +300,18 @@ def attention_probs_at_torch(
     scale: float,
     q_offset: int,
     causal: bool,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
 ) -> Float[Tensor, "b hq m"]:
     """Gather-based implementation of :func:`headhunt.kernels.attention_probs_at`.
 
     Only the ``m`` requested query and key rows are gathered (``O(m d)`` memory).
     """
     b, hq, nq, d = q.shape
-    hkv = k.shape[1]
+    hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
     dev = q.device
     if query_idx.dim() == 1:
@@ -258,12 +324,24 @@ def attention_probs_at_torch(
     # Advanced indexing gathers [b, hq, m, d] rows; the kv head of query head h is
     # h // group, so no repeated copy of k is ever made.
     q_rows = q[bi, hi, qi].to(torch.float32)
-    k_rows = k[bi, hi // group, ki].to(torch.float32)
+    k_rows = k[bi, hi // group, ki.clamp(0, max(nk - 1, 0))].to(torch.float32)
     s = (q_rows * k_rows).sum(-1) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     lse_rows = torch.gather(lse.to(torch.float32), 2, qi)
-    allowed = (ki >= 0) & (ki < k.shape[2])
-    if causal:
-        allowed &= ki <= qi + q_offset
-    # A row that sees no key has lse = -inf; every pair of it is forbidden anyway, and
-    # the where() keeps exp(+inf) out of the result.
+    lo, hi_key = row_key_bounds(
+        b,
+        nq,
+        nk,
+        causal=causal,
+        q_offset=q_offset,
+        window=window,
+        chunk=chunk,
+        key_lo=key_lo,
+        key_hi=key_hi,
+        device=dev,
+    )
+    allowed = (ki >= lo[bi, qi]) & (ki <= hi_key[bi, qi])
+    # A row that sees no key has lse = -inf (or its sink logit); every pair of it is
+    # forbidden anyway, and the where() keeps exp(+inf) out of the result.
     return torch.where(allowed, torch.exp(s - lse_rows), 0.0)

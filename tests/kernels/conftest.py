@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -36,46 +37,97 @@ def _skip_gpu_without_cuda(request: pytest.FixtureRequest) -> None:
 class Dense:
     """Float64 statistics from the full score matrix (the test oracle)."""
 
-    lse: Tensor  # [b, hq, nq], -inf for rows that see no key
+    lse: Tensor  # [b, hq, nq], -inf for rows that see no key (the sink logit with sinks)
     max_score: Tensor  # [b, hq, nq]
     argmax: Tensor  # [b, hq, nq], first index of the max; -1 for empty rows
     gap: Tensor  # [b, hq, nq], best minus second-best score (inf if one key)
-    entropy: Tensor  # [b, hq, nq], nats, 0 for empty rows
+    entropy: Tensor  # [b, hq, nq], nats (keys plus the sink slot), 0 for empty rows
     col_sum: Tensor  # [b, hq, nk]
     col_mean: Tensor  # [b, hq, nk]
     probs: Tensor  # [b, hq, nq, nk]
-    scores: Tensor  # [b, hq, nq, nk], scaled, -inf where masked
+    scores: Tensor  # [b, hq, nq, nk], scaled (and softcapped), -inf where masked
+    seen: Tensor  # [b, hq, nq], the row sees at least one key
+
+
+def dense_visible(
+    b, nq, nk, *, causal=True, q_offset=None, window=None, chunk=None, key_lo=None, key_hi=None
+) -> Tensor:
+    """[b, nq, nk] visibility, written from the transformers mask functions one rule at a
+    time (independently of headhunt.kernels.masks)."""
+    q_offset = nk - nq if q_offset is None else q_offset
+    p = (torch.arange(nq) + q_offset).view(1, nq, 1)
+    j = torch.arange(nk).view(1, 1, nk)
+    vis = torch.ones(b, nq, nk, dtype=torch.bool)
+    if causal:
+        vis = vis & (j <= p)
+    if window is not None:
+        vis = vis & (j > p - window)
+    if chunk is not None:
+        vis = vis & (j // chunk == p // chunk)
+    if key_lo is not None:
+        vis = vis & (j >= key_lo.cpu().view(b, nq, 1))
+    if key_hi is not None:
+        vis = vis & (j <= key_hi.cpu().view(b, nq, 1))
+    return vis
 
 
 def dense_reference(
-    q: Tensor, k: Tensor, *, causal: bool = True, scale: float | None = None, q_offset=None
+    q: Tensor,
+    k: Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    q_offset=None,
+    window=None,
+    chunk=None,
+    softcap=None,
+    sinks=None,
+    key_lo=None,
+    key_hi=None,
 ) -> Dense:
-    """Materialise the float64 score matrix and derive every statistic from it."""
+    """Materialise the float64 score matrix and derive every statistic from it, as the
+    eager attention of transformers does: scale, softcap, mask, softmax over the keys and
+    (gpt-oss) one sink logit per head."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q_offset = nk - nq if q_offset is None else q_offset
     kk = k.double().cpu().repeat_interleave(group, dim=1)
     s = (q.double().cpu() @ kk.transpose(-1, -2)) * scale
-    visible = torch.ones(nq, nk, dtype=torch.bool)
-    if causal:
-        pos = torch.arange(nq).unsqueeze(1) + q_offset
-        visible = torch.arange(nk).unsqueeze(0) <= pos
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    visible = dense_visible(
+        b,
+        nq,
+        nk,
+        causal=causal,
+        q_offset=q_offset,
+        window=window,
+        chunk=chunk,
+        key_lo=key_lo,
+        key_hi=key_hi,
+    ).unsqueeze(1)  # [b, 1, nq, nk]
     s = s.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
     seen = visible.any(-1).expand(b, hq, nq)
+    if sinks is not None:
+        sink = sinks.double().cpu().view(1, hq, 1, 1).expand(b, hq, nq, 1)
+        lse = torch.logsumexp(torch.cat([s, sink], -1), dim=-1)
+        p_sink = torch.exp(sink[..., 0] - lse)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+        p_sink = torch.zeros_like(lse)
     p = torch.where(visible, torch.exp(s - lse.unsqueeze(-1)), 0.0)
     p = torch.nan_to_num(p, nan=0.0)
     mx, am = s.max(dim=-1)
     am = torch.where(seen, am, -1)
     top2 = s.topk(min(2, nk), dim=-1).values if nk else s
     gap = top2[..., 0] - top2[..., 1] if nk > 1 else torch.full_like(mx, math.inf)
-    ent = -(p * torch.where(p > 0, p.log(), 0.0)).sum(-1)
+    plogp = lambda x: x * torch.where(x > 0, x.log(), 0.0)  # noqa: E731
+    ent = -plogp(p).sum(-1) - plogp(p_sink)
     col_sum = p.sum(dim=-2)
-    count = visible.sum(0).double()
+    count = visible.sum(-2).double()  # [b, 1, nk]
     col_mean = torch.where(count > 0, col_sum / count.clamp_min(1), 0.0)
-    return Dense(lse, mx, am, gap, ent, col_sum, col_mean, p, s)
+    return Dense(lse, mx, am, gap, ent, col_sum, col_mean, p, s, seen)
 
 
 def rel_err(out: Tensor, ref: Tensor, mask: Tensor | None = None) -> float:
@@ -108,15 +160,16 @@ def check_stats(
     The argmax must match wherever the oracle's top-2 gap exceeds rounding, and
     elsewhere point at a key whose score is within rounding of the max.
     """
-    seen = torch.isfinite(ref.lse)
+    seen = ref.seen
     lse = st.lse.cpu()
     assert st.lse.dtype == torch.float32 and st.max_score.dtype == torch.float32
     assert st.argmax.dtype == torch.int64
     assert not torch.isnan(lse).any() and not torch.isnan(st.max_score).any()
-    assert torch.equal(torch.isfinite(lse), seen)
-    assert rel_err(lse, ref.lse, seen) < tol
+    finite = torch.isfinite(ref.lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert rel_err(lse, ref.lse, finite) < tol
     assert rel_err(st.max_score, ref.max_score, seen) < tol
-    assert (lse[~seen] == -math.inf).all() and (st.max_score.cpu()[~seen] == -math.inf).all()
+    assert (lse[~finite] == -math.inf).all() and (st.max_score.cpu()[~seen] == -math.inf).all()
     am = st.argmax.cpu()
     assert (am[~seen] == -1).all()
     clear = seen & (ref.gap > 1e-2 * ref.max_score.abs().clamp_min(1.0))
@@ -137,12 +190,33 @@ def check_stats(
         assert not torch.isnan(st.col_sum).any() and not torch.isnan(st.col_mean).any()
         assert rel_err(st.col_sum, ref.col_sum) < tol
         assert rel_err(st.col_mean, ref.col_mean) < tol
-        assert (st.col_mean.cpu()[..., ref.col_mean[0, 0] == 0] == 0).all()
+        assert (st.col_mean.cpu()[ref.col_mean == 0] == 0).all()
     else:
         assert st.col_sum is None and st.col_mean is None
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any ATen op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
 
 
 @pytest.fixture(scope="session")
 def oracle() -> SimpleNamespace:
     """Helpers shared by the kernel tests (fixtures avoid importing conftest)."""
-    return SimpleNamespace(dense=dense_reference, rel_err=rel_err, check=check_stats)
+    return SimpleNamespace(
+        dense=dense_reference,
+        visible=dense_visible,
+        rel_err=rel_err,
+        check=check_stats,
+        largest_tensor=LargestTensor,
+    )

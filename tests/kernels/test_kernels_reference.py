@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from headhunt.kernels import AttentionStats, attention_probs_at, attention_stats
 from headhunt.kernels.reference import attention_stats_torch, visible_query_count
@@ -78,21 +77,6 @@ def test_decode_sees_all_keys(oracle):
     oracle.check(st, oracle.dense(q, k, causal=False), tol=1e-3)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any ATen op produces."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_memory_is_linear_at_8k(oracle):
     # Dense fp32 scores for 2 heads x 8k x 8k would take 512 MiB; the blocked reference
     # must never hold more than one block of hq * block_q * (nk + chunk padding) floats
@@ -101,7 +85,7 @@ def test_memory_is_linear_at_8k(oracle):
     torch.manual_seed(0)
     q = torch.randn(1, hq, n, 16, dtype=torch.bfloat16)
     k = torch.randn(1, 1, n, 16, dtype=torch.bfloat16)
-    with _LargestTensor() as probe:
+    with oracle.largest_tensor() as probe:
         st = attention_stats_torch(q, k, block_q=block_q)
     budget = hq * block_q * (n + 64)
     assert probe.largest <= budget, (probe.largest, budget)
