@@ -151,7 +151,7 @@ class _MassiveActivations:
     """Forward hooks on the decoder layers keeping top |value| and median |value| per layer."""
 
     def __init__(self, model: HookedModel, top: int):
-        self.layers = _decoder_layers(model)
+        self.layers = list(model.blocks)
         self.top = top
         self.rows: list[list[float]] = [[] for _ in self.layers]
         self.handles: list[Any] = []
@@ -175,19 +175,6 @@ class _MassiveActivations:
             self.rows[i] = [*vals.tolist(), float(a.median()), float(pos), float(chan)]
 
         return hook
-
-
-def _decoder_layers(model: HookedModel) -> list[torch.nn.Module]:
-    """The decoder blocks, in order: the ModuleList that holds one attention module per item."""
-    for mod in model.model.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == model.n_layers:
-            owners = [
-                any(m is a for m in block.modules())
-                for block, a in zip(mod, model.modules, strict=False)
-            ]
-            if all(owners):
-                return list(mod)
-    raise HeadhuntError("cannot find the model's decoder layers (for massive activations)")
 
 
 @contextlib.contextmanager

@@ -141,20 +141,6 @@ def fingerprint(items: Sequence[TextPositions]) -> str:
     return h.hexdigest()[:24]
 
 
-def decoder_layers(model: HookedModel) -> list[torch.nn.Module]:
-    """The decoder layer (block) that owns each attention module, in layer order."""
-    owners = {}
-    for m in model.model.modules():
-        attn = getattr(m, "self_attn", None)
-        if attn is not None and attn in model.modules:
-            owners[model.modules.index(attn)] = m
-    if len(owners) != model.n_layers:
-        raise HeadhuntError(
-            f"found {len(owners)} decoder layers with a `self_attn` for {model.n_layers} layers"
-        )
-    return [owners[i] for i in range(model.n_layers)]
-
-
 class _Stop(Exception):
     """Raised after the last wanted layer: the rest of the forward is not needed."""
 
@@ -378,8 +364,7 @@ def _capture_shard(
 
         return hook
 
-    blocks = decoder_layers(model)
-    handles = [blocks[L].register_forward_hook(make_hook(L)) for L in layers]
+    handles = [model.blocks[L].register_forward_hook(make_hook(L)) for L in layers]
     extra = (_HeadCapture(gather, heads),) if config.heads else ()
     pad = model.tokenizer.pad_token_id
     pad = 0 if pad is None else pad
