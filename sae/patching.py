@@ -83,30 +83,16 @@ class _PatchOneHeadPerCopy(AttentionHook):
         return output
 
 
-def _decoder_layers(model: HookedModel) -> tuple[nn.Module, str]:
-    """The module holding the decoder layers as a ModuleList, and that attribute's name."""
-    parents = set()
-    for owner in model.model.modules():
-        for name, child in owner.named_children():
-            if (
-                isinstance(child, nn.ModuleList)
-                and len(child) == model.n_layers
-                and all(
-                    any(m is a for m in layer.modules())
-                    for layer, a in zip(child, model.modules, strict=True)
-                )
-            ):
-                parents.add((owner, name))
-    if len(parents) != 1:
-        raise HeadhuntError("cannot find the model's list of decoder layers")
-    return parents.pop()
-
-
 @contextlib.contextmanager
 def _from_layer(model: HookedModel, start: int) -> Iterator[None]:
     """Inside the block the model runs only layers ``start``.. (fed ``inputs_embeds``)."""
-    owner, name = _decoder_layers(model)
-    full = getattr(owner, name)
+    full = model.blocks
+    owner, name = next(
+        (owner, name)
+        for owner in model.model.modules()
+        for name, child in owner.named_children()
+        if child is full
+    )
     setattr(owner, name, nn.ModuleList(list(full)[start:]))
     try:
         yield
