@@ -41,6 +41,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+
+# parse_heads: re-exported for callers that still import it from here (commands, inspect).
+from headhunt.heads.scores import Head, check_heads, parse_heads  # noqa: F401
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
@@ -144,7 +147,7 @@ class ActHook(AttentionHook):
     cache (``q_offset == 0``) starts a new sequence.
     """
 
-    def __init__(self, heads: Iterable[tuple[int, int]], config: ActConfig | None = None):
+    def __init__(self, heads: Iterable[Head], config: ActConfig | None = None):
         self.config = config or ActConfig()
         by_layer: dict[int, set[int]] = defaultdict(set)
         for layer, head in heads:
@@ -234,7 +237,7 @@ def _is_causal_only(call: AttentionCall) -> bool:
 @contextlib.contextmanager
 def act_calibration(
     model: HookedModel,
-    heads: Iterable[tuple[int, int]],
+    heads: Iterable[Head],
     config: ActConfig | None = None,
 ) -> Iterator[ActHook]:
     """Calibrate the hidden sinks of ``heads`` ((layer, query head) pairs) inside the block.
@@ -246,31 +249,10 @@ def act_calibration(
         >>> with act_calibration(model, [(5, 2), (12, 7)], ActConfig(beta=0.4)):
         ...     logits = model.forward(ids).logits
     """
-    heads = [(int(layer), int(head)) for layer, head in heads]
-    for layer, head in heads:
-        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-            raise HeadhuntError(
-                f"head {layer}-{head} is outside the model "
-                f"({model.n_layers} layers x {model.n_heads} heads)"
-            )
+    heads = check_heads(heads, model.n_layers, model.n_heads)
     hook = ActHook(heads, config)
     if not hook.by_layer:
         yield hook
         return
     with model.hooks(hook, layers=sorted(hook.by_layer)):
         yield hook
-
-
-def parse_heads(text: str) -> list[tuple[int, int]]:
-    """Parse ``"14-3,20-1"`` (layer-head pairs) into [(14, 3), (20, 1)]."""
-    out = []
-    for part in text.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            layer, head = part.split("-")
-            out.append((int(layer), int(head)))
-        except ValueError:
-            raise HeadhuntError(f"bad head {part!r}: use LAYER-HEAD, e.g. 14-3") from None
-    return out

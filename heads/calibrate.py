@@ -29,10 +29,9 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.act import ActConfig, act_calibration
+from headhunt.heads.scores import Head
 from headhunt.heads.tasks import Task
 from headhunt.probes.hooked import HookedModel
-
-Head = tuple[int, int]
 
 
 @dataclass

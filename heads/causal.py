@@ -4,9 +4,9 @@ many random heads? (Wu et al.'s check for retrieval heads, on fresh trials.)"""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -15,31 +15,106 @@ from tqdm.auto import tqdm
 from headhunt.errors import HeadhuntError
 from headhunt.heads.masking import HeadMask, MaskMode
 from headhunt.heads.needles import Trial, rouge1_recall
+from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.capture import greedy_decode
 from headhunt.probes.hooked import HookedModel
 
-Head = tuple[int, int]
+T = TypeVar("T")
 
 
-def random_heads(
-    n_layers: int, n_heads: int, k: int, exclude: Sequence[Head], rng: random.Random
-) -> list[Head]:
-    """k heads drawn without replacement from all heads not in ``exclude``.
+def random_head_sets(
+    n_layers: int,
+    n_heads: int,
+    size: int,
+    n_sets: int,
+    *,
+    exclude: Iterable[Sequence[int]] = (),
+    seed: int | random.Random = 0,
+) -> list[list[Head]]:
+    """``n_sets`` sets of ``size`` heads, each drawn without replacement from the heads not in
+    ``exclude`` and sorted; ``seed`` may be a ``random.Random`` to go on with its stream.
 
-    (The reference meant to exclude its top-100 heads from the random draw but never did; here
+    (Wu et al. meant to exclude their top heads from the random control but never did; here
     the exclusion is applied.)
     """
-    pool = [
-        (layer, h)
-        for layer in range(n_layers)
-        for h in range(n_heads)
-        if (layer, h) not in set(exclude)
-    ]
-    if k > len(pool):
+    bad = {(int(layer), int(head)) for layer, head in exclude}
+    pool = [(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in bad]
+    if n_sets and size > len(pool):
         raise HeadhuntError(
-            f"cannot draw {k} random heads: only {len(pool)} heads remain after exclusion"
+            f"cannot draw {size} random heads: only {len(pool)} heads remain after exclusion"
         )
-    return sorted(rng.sample(pool, k))
+    rng = seed if isinstance(seed, random.Random) else random.Random(seed)
+    return [sorted(rng.sample(pool, size)) for _ in range(n_sets)]
+
+
+@dataclass
+class MaskingCheck:
+    """Masking ``heads`` against random sets of as many other heads (Wu et al. 2024's causal
+    check): if the heads matter, masking them hurts the behaviour more than masking random ones.
+
+    The one implementation of the check; callers bring the measurement (needle recall, MQAR
+    accuracy, ...) as a function of the heads masked.
+
+    Attributes:
+        heads: the heads under test (the ``top`` condition).
+        random_sets: the controls, each as many heads drawn outside ``heads`` and any excluded.
+    """
+
+    heads: list[Head]
+    random_sets: list[list[Head]]
+
+    @classmethod
+    def draw(
+        cls,
+        model: HookedModel,
+        heads: Iterable[Sequence[int]],
+        n_random: int,
+        *,
+        seed: int | random.Random = 0,
+        exclude: Iterable[Sequence[int]] = (),
+    ) -> MaskingCheck:
+        """Check ``heads`` (inside the model, at least one) and draw ``n_random`` control sets
+        from the heads outside ``heads`` and ``exclude``."""
+        heads = check_heads(heads, model.n_layers, model.n_heads)
+        if not heads:
+            raise HeadhuntError("no heads to mask")
+        sets = random_head_sets(
+            model.n_layers,
+            model.n_heads,
+            len(heads),
+            n_random,
+            exclude=[*heads, *exclude],
+            seed=seed,
+        )
+        return cls(heads, sets)
+
+    def conditions(self) -> dict[str, list[Head]]:
+        """Condition name -> heads masked, in run order: ``baseline`` (none), ``top`` (the heads
+        under test), ``random0``, ``random1``, ..."""
+        return {
+            "baseline": [],
+            "top": self.heads,
+            **{f"random{i}": s for i, s in enumerate(self.random_sets)},
+        }
+
+    def run(
+        self,
+        measure: Callable[[list[Head]], T],
+        *,
+        done: Mapping[str, T] | None = None,
+        on_condition: Callable[[str, T], None] | None = None,
+    ) -> dict[str, T]:
+        """``measure(heads)`` (the behaviour with those heads masked) for each condition not in
+        ``done`` (results of an interrupted run), in order; ``on_condition(name, result)`` after
+        each one (to save it)."""
+        results = dict(done or {})
+        for name, heads in tqdm(self.conditions().items(), desc="masking", unit="cond"):
+            if name in results:
+                continue
+            results[name] = measure(heads)
+            if on_condition is not None:
+                on_condition(name, results[name])
+        return results
 
 
 def needle_recall(
@@ -113,18 +188,10 @@ def ablation_check(
     """
     if top_k < 1 or top_k > len(ranked_heads):
         raise HeadhuntError(f"--top-k must be between 1 and {len(ranked_heads)}")
-    top = [tuple(h) for h in ranked_heads[:top_k]]
-    rng = random.Random(seed)
-    excl = list({*top, *map(tuple, exclude)})
-    rand_sets = [
-        random_heads(model.n_layers, model.n_heads, top_k, excl, rng) for _ in range(draws)
-    ]
-    conditions = {"baseline": [], "top": top, **{f"random{i}": s for i, s in enumerate(rand_sets)}}
-    results = dict(done or {})
-    for name, heads in tqdm(conditions.items(), desc="ablation conditions", unit="cond"):
-        if name in results:
-            continue
-        results[name] = needle_recall(
+    check = MaskingCheck.draw(model, ranked_heads[:top_k], draws, seed=seed, exclude=exclude)
+
+    def recall(heads: list[Head]) -> list[float]:
+        return needle_recall(
             model,
             trials,
             max_new_tokens=max_new_tokens,
@@ -133,18 +200,18 @@ def ablation_check(
             mode=mode,
             batch_size=batch_size,
         )
-        if on_condition is not None:
-            on_condition(name, results[name])
+
+    results = check.run(recall, done=done, on_condition=on_condition)
 
     def pct(name: str) -> float:
         return 100 * float(np.mean(results[name]))
 
     return AblationResult(
         top_k=top_k,
-        top_heads=[list(h) for h in top],
+        top_heads=[list(h) for h in check.heads],
         baseline=pct("baseline"),
         top_masked=pct("top"),
         random_masked=[pct(f"random{i}") for i in range(draws)],
-        random_heads=[[list(h) for h in s] for s in rand_sets],
+        random_heads=[[list(h) for h in s] for s in check.random_sets],
         per_trial=results,
     )

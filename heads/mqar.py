@@ -37,7 +37,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import HeadScores
+
+# random_head_sets: re-exported for headhunt/commands/mqar.py until the engine moves it.
+from headhunt.heads.causal import MaskingCheck, random_head_sets  # noqa: F401
+from headhunt.heads.masking import HeadMask
+from headhunt.heads.scores import Head, HeadScores
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
@@ -499,38 +503,16 @@ def score_recall_heads(
     return recall_scores(res.recall, n, n_kv_heads=model.n_kv_heads), res
 
 
-def random_head_sets(
-    n_layers: int,
-    n_heads: int,
-    size: int,
-    n_sets: int,
-    *,
-    exclude: Sequence[tuple[int, int]] = (),
-    seed: int = 0,
-) -> list[list[tuple[int, int]]]:
-    """``n_sets`` random sets of ``size`` heads drawn from the heads not in ``exclude``.
-
-    (Wu et al. meant to exclude their top heads from the random control but never did; here
-    the exclusion is real.)
-    """
-    bad = {(int(a), int(b)) for a, b in exclude}
-    pool = [(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in bad]
-    if n_sets and size > len(pool):
-        raise HeadhuntError(f"cannot draw {size} random heads from {len(pool)} left")
-    rng = random.Random(seed)
-    return [sorted(rng.sample(pool, size)) for _ in range(n_sets)]
-
-
 def masking_check(
     model: HookedModel,
     probe: MQARProbe,
-    heads: Sequence[tuple[int, int]],
+    heads: Sequence[Head],
     *,
     n_random: int = 5,
     mode: str = "query",
     seed: int = 0,
     batch_size: int = 8,
-    exclude: Sequence[tuple[int, int]] | None = None,
+    exclude: Sequence[Head] | None = None,
 ) -> dict[str, Any]:
     """Accuracy with ``heads`` masked against ``n_random`` sets of as many other heads, drawn
     from the heads outside ``exclude`` (default: outside ``heads``).
@@ -539,30 +521,16 @@ def masking_check(
     (one accuracy per random set), ``random_mean``, ``heads`` and ``random_sets``, plus the
     same three accuracies over the value pool (``*_pool``).
     """
-    from headhunt.heads.masking import HeadMask
+    check = MaskingCheck.draw(model, heads, n_random, seed=seed, exclude=exclude or ())
 
-    heads = [(int(a), int(b)) for a, b in heads]
-    if not heads:
-        raise HeadhuntError("no heads to mask")
-    for la, h in heads:
-        if not (0 <= la < model.n_layers and 0 <= h < model.n_heads):
-            raise HeadhuntError(f"head {la}-{h} is outside the model")
-
-    def acc(hs: list[tuple[int, int]] | None) -> MQARResult:
-        hooks = [] if hs is None else [HeadMask(hs, mode)]  # type: ignore[arg-type]
+    def acc(hs: list[Head]) -> MQARResult:
+        hooks = [HeadMask(hs, mode)] if hs else []  # type: ignore[arg-type]
         return run_mqar(model, probe, batch_size=batch_size, hooks=hooks)
 
-    base = acc(None)
-    masked = acc(heads)
-    sets = random_head_sets(
-        model.n_layers,
-        model.n_heads,
-        len(heads),
-        n_random,
-        exclude=heads if exclude is None else [*heads, *exclude],
-        seed=seed,
-    )
-    rand = [acc(s) for s in sets]
+    res = check.run(acc)
+    base, masked = res["baseline"], res["top"]
+    rand = [res[f"random{i}"] for i in range(n_random)]
+    heads, sets = check.heads, check.random_sets
     return {
         "heads": heads,
         "mode": mode,

@@ -1,15 +1,58 @@
-"""One table type for every analyzer's per-head results."""
+"""The core types every layer shares: a head, head lists as users type them, and the one
+table type for every analyzer's per-head results.
+
+Imported by analyzers, the run directory, the CLI and the app alike; it imports nothing of
+headhunt but the error type, so any layer may use it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from jaxtyping import Float
+
+from headhunt.errors import HeadhuntError
+
+Head = tuple[int, int]
+"""A head as (layer, query head), both 0-based; written ``LAYER-HEAD`` (``14-3``) in text."""
+
+
+def parse_heads(text: str, n_layers: int | None = None, n_heads: int | None = None) -> list[Head]:
+    """``"14-3, 20-1"`` (commas, semicolons or newlines between pairs) -> [(14, 3), (20, 1)],
+    checked against the model's shape when ``n_layers`` and ``n_heads`` are given."""
+    heads = []
+    for part in text.replace(";", ",").replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            layer, head = part.split("-")
+            heads.append((int(layer), int(head)))
+        except ValueError:
+            raise HeadhuntError(f"bad head {part!r}: use LAYER-HEAD, e.g. 14-3") from None
+    if n_layers is not None and n_heads is not None:
+        heads = check_heads(heads, n_layers, n_heads)
+    return heads
+
+
+def check_heads(heads: Iterable[Sequence[int]], n_layers: int, n_heads: int) -> list[Head]:
+    """``heads`` as (layer, head) int pairs, each inside a ``n_layers`` x ``n_heads`` model.
+
+    Raises:
+        HeadhuntError: a head outside the model (one line naming it and the model's shape).
+    """
+    out = [(int(layer), int(head)) for layer, head in heads]
+    for layer, head in out:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise HeadhuntError(
+                f"head {layer}-{head} is outside the model ({n_layers} layers x {n_heads} heads)"
+            )
+    return out
+
 
 COLUMNS = ["layer", "head", "kv_head", "metric", "value"]
 
@@ -104,7 +147,7 @@ class HeadScores:
             .reset_index(drop=True)
         )
 
-    def heads(self, metric: str, threshold: float, **where: Any) -> list[tuple[int, int]]:
+    def heads(self, metric: str, threshold: float, **where: Any) -> list[Head]:
         """(layer, head) pairs whose ``metric`` exceeds ``threshold``, best first."""
         df = self.top(metric, len(self.df), **where)
         df = df[df["value"] > threshold]

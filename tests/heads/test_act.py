@@ -11,7 +11,6 @@ from headhunt.heads.act import (
     act_calibration,
     calibrate_rows,
     causal_sink_mask,
-    parse_heads,
 )
 from headhunt.probes.attention import AttentionHook
 
@@ -176,9 +175,6 @@ def test_bad_inputs(tiny):
         pass
     with pytest.raises(HeadhuntError, match="beta"):
         ActConfig(beta=1.5)
-    with pytest.raises(HeadhuntError, match="LAYER-HEAD"):
-        parse_heads("3:4")
-    assert parse_heads("3-4, 10-0") == [(3, 4), (10, 0)]
     assert ActConfig.from_dict(ActConfig(beta=0.5).to_dict()) == ActConfig(beta=0.5)
 
 

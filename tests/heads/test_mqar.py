@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.causal import random_head_sets
 from headhunt.heads.mqar import (
     MQARSpec,
     WordPools,
     generate_mqar,
     insert_gap,
     masking_check,
-    random_head_sets,
     render_mqar,
     run_mqar,
     score_recall_heads,

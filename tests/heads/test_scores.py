@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headhunt.heads.scores import HeadScores
+from headhunt.errors import HeadhuntError
+from headhunt.heads.scores import HeadScores, check_heads, parse_heads
 
 
 def test_matrix_round_trip_and_gqa_kv_heads():
@@ -49,3 +50,15 @@ def test_parquet_round_trip(tmp_path):
     back = HeadScores.read_parquet(tmp_path / "s.parquet")
     pd.testing.assert_frame_equal(back.df, t.df)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_parse_and_check_heads():
+    assert parse_heads("3-4, 10-0;1-2\n0-0") == [(3, 4), (10, 0), (1, 2), (0, 0)]
+    assert parse_heads("  ") == []
+    with pytest.raises(HeadhuntError, match="LAYER-HEAD"):
+        parse_heads("3:4")
+    with pytest.raises(HeadhuntError, match=r"head 2-0 is outside the model \(2 layers x 4"):
+        parse_heads("1-3, 2-0", n_layers=2, n_heads=4)
+    assert check_heads([np.array([1, 3])], 2, 4) == [(1, 3)]
+    with pytest.raises(HeadhuntError, match="head 0--1 is outside"):
+        check_heads([(0, -1)], 2, 4)
