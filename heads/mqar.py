@@ -97,20 +97,20 @@ class MQARProbe:
     Attributes:
         ids: [b, n] input tokens.
         labels: [b, n] the value at each query position, -100 elsewhere (Zoology's layout).
-        key_pos, value_pos: [b, N] positions of pair i's key and value in the context.
-        query_pos: [b, N] position of pair i's key in the query region (where the value is
+        key_pos, value_pos: [b, pairs] positions of pair i's key and value in the context.
+        query_pos: [b, pairs] position of pair i's key in the query region (where the value is
             predicted).
-        target: [b, N] the token to predict at ``query_pos`` (pair i's value).
+        target: [b, pairs] the token to predict at ``query_pos`` (pair i's value).
         value_ids: the ids values are drawn from (accuracy restricted to them), or None.
     """
 
     ids: Int[Tensor, "b n"]
     labels: Int[Tensor, "b n"]
-    key_pos: Int[Tensor, "b N"]
-    value_pos: Int[Tensor, "b N"]
-    query_pos: Int[Tensor, "b N"]
-    target: Int[Tensor, "b N"]
-    value_ids: Int[Tensor, " v"] | None = None
+    key_pos: Int[Tensor, "b pairs"]
+    value_pos: Int[Tensor, "b pairs"]
+    query_pos: Int[Tensor, "b pairs"]
+    target: Int[Tensor, "b pairs"]
+    value_ids: Int[Tensor, " values"] | None = None
 
     def __len__(self) -> int:
         return self.ids.shape[0]
@@ -126,7 +126,7 @@ class MQARProbe:
             self.value_ids,
         )
 
-    def gaps(self) -> Int[Tensor, "b N"]:
+    def gaps(self) -> Int[Tensor, "b pairs"]:
         """Tokens between each value in the context and its query."""
         return self.query_pos - self.value_pos
 
@@ -399,16 +399,16 @@ class MQARResult:
     """Accuracy and (optionally) recall-head sums of one probe.
 
     Attributes:
-        correct: [b, N] argmax over the whole vocabulary equals the value.
-        correct_pool: [b, N] argmax over the value pool equals the value.
-        gaps: [b, N] tokens between each value in the context and its query.
+        correct: [b, pairs] argmax over the whole vocabulary equals the value.
+        correct_pool: [b, pairs] argmax over the value pool equals the value.
+        gaps: [b, pairs] tokens between each value in the context and its query.
         recall: [3, layers, heads] summed attention (query->value, query->key, value->key),
             or None when not scored.
     """
 
-    correct: Bool[Tensor, "b N"]
-    correct_pool: Bool[Tensor, "b N"]
-    gaps: Int[Tensor, "b N"]
+    correct: Bool[Tensor, "b pairs"]
+    correct_pool: Bool[Tensor, "b pairs"]
+    gaps: Int[Tensor, "b pairs"]
     recall: Float[Tensor, "3 layers heads"] | None
 
     @property

@@ -467,8 +467,8 @@ def summarize(
 
 
 def best_orders(
-    mass: Float[np.ndarray, "k layers heads"],
-    contrast: Float[np.ndarray, "k layers heads"],
+    mass: Float[np.ndarray, "orders layers heads"],
+    contrast: Float[np.ndarray, "orders layers heads"],
     cfg: NgramConfig,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each head's best order: the largest k whose contrast >= ``order_contrast`` and whose

@@ -48,7 +48,7 @@ def repeated_random(
     repeats: int = 2,
     bos_id: int | None = None,
     seed: int = 0,
-) -> Int[Tensor, "n_seqs n"]:
+) -> Int[Tensor, "b n"]:
     """``n_seqs`` sequences of ``length`` random tokens repeated ``repeats`` times.
 
     Tokens inside one block are distinct (drawn without replacement), so the only duplicates
@@ -73,7 +73,7 @@ def planted_kgrams(
     filler: tuple[int, int] = (2, 6),
     bos_id: int | None = None,
     seed: int = 0,
-) -> Int[Tensor, "n_seqs n"]:
+) -> Int[Tensor, "b n"]:
     """Random-token sequences made of episodes with planted k-gram repeats and distractors.
 
     One episode draws a fresh context ``c = c_1 .. c_K`` (K = ``k_max``) and writes, in a random

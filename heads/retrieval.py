@@ -123,7 +123,7 @@ def stop_token_ids(tokenizer) -> set[int]:
 
 def trial_hits(
     decoded: Decoded, prompts: Tensor, spans: Tensor
-) -> tuple[Float[Tensor, "batch layers heads"], Float[Tensor, "batch layers heads"]]:
+) -> tuple[Float[Tensor, "b layers heads"], Float[Tensor, "b layers heads"]]:
     """Per-trial retrieval score and the share of steps whose argmax fell on the answer span.
 
     Args:

@@ -158,7 +158,7 @@ class _HeadCapture(AttentionHook):
     def __init__(self, gather: _Gather, buffers: dict[int, np.ndarray]):
         self.gather, self.buffers = gather, buffers
 
-    def after(self, call: AttentionCall, output: Float[Tensor, "batch n_q q_heads d"]) -> Tensor:
+    def after(self, call: AttentionCall, output: Float[Tensor, "b nq hq d"]) -> Tensor:
         g = self.gather
         picked = output[g.b, g.pos]  # [rows, heads, head_dim]
         self.buffers[call.layer][g.rows] = picked.float().cpu().numpy()
