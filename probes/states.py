@@ -44,7 +44,6 @@ from torch import Tensor
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
-from headhunt.rundir import write_json_atomic
 
 META = "meta.json"
 FORMAT = 1
@@ -314,8 +313,10 @@ def capture_states(
                 f"{out} holds states of another capture (other texts, model or options); "
                 "use a fresh folder"
             )
-    else:
-        write_json_atomic(out / META, meta)
+    else:  # a temporary file and a rename: a reader never sees half of it
+        tmp = out / f"{META}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, out / META)
     store = StateStore(out, meta)
     bar = tqdm(total=len(items), desc="capture", unit="text", disable=not progress)
     for s in range(n_shards):
