@@ -1,0 +1,280 @@
+"""Head scores as the files KV-cache tools read.
+
+- ``duo``: DuoAttention's attention pattern folder (mit-han-lab/duo-attention,
+  ``duo_attn/utils.py: load_attn_pattern``): ``full_attention_heads.tsv``, one row per layer and
+  one tab-separated column per KV head, values read as floats and clipped to [0, 1], and
+  ``config.json`` whose ``sink_size`` and ``recent_size`` are the streaming heads' sink and
+  recent window. DuoAttention deploys it with ``sparsify_attention_heads(heads, sparsity=s)``:
+  the KV heads below the s-quantile become streaming heads (sink + recent cache), the others keep
+  the full cache.
+- ``kvpress``: NVIDIA kvpress's ``DuoAttentionPress`` reads the same two files (it fetches them
+  from the DuoAttention repository by model name; the folder's README says how to hand it a local
+  one); its ``head_compression_ratio`` r turns the ``round(r * layers * kv_heads)`` lowest
+  entries into streaming heads.
+- ``headkv``: HeadKV (FYYFU/HeadKV, ``headkv/snapkv_utils.py``) reads a one-line JSON
+  ``{"layer-head": [score, ...]}`` over every query head, layer-major, and takes each list's
+  mean; a head's KV budget is ``round(share * (base // beta) * layers * heads + base - base //
+  beta)`` tokens, where ``share`` is its (non-negative) score over the sum of all scores.
+
+headhunt scores query heads; DuoAttention and kvpress decide per KV head, so a KV head gets the
+max of its query heads' scores (the rule :mod:`headhunt.heads.kvcache` uses), min-max scaled to
+[0, 1] (only the order matters for quantile/ratio deployment; DuoAttention's threshold 0.5 has no
+meaning for these values). With ``full_fraction`` the duo file is binary instead: 1 for the
+top ``full_fraction`` of KV heads, so threshold and sparsity deployments agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.kvcache import kv_scores, rank_kv_heads
+
+FORMATS = ("duo", "headkv", "kvpress")
+DUO_HEADS = "full_attention_heads.tsv"
+DUO_CONFIG = "config.json"
+HEADKV_FILE = "retrieval_heads.json"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The counts a file must match: layers, query heads and KV heads per layer."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+
+    @classmethod
+    def of(cls, facts: dict[str, Any]) -> ModelShape:
+        """From a HookedModel's ``describe()`` (or a run manifest's ``model``)."""
+        return cls(int(facts["n_layers"]), int(facts["n_heads"]), int(facts["n_kv_heads"]))
+
+
+def check_scores(matrix: np.ndarray, shape: ModelShape, what: str = "the scores") -> None:
+    """Refuse, in one line, a score matrix whose counts differ from the model's config."""
+    if matrix.shape != (shape.n_layers, shape.n_heads):
+        raise HeadhuntError(
+            f"{what} cover {matrix.shape[0]} layers x {matrix.shape[1]} heads; the model's config "
+            f"has {shape.n_layers} x {shape.n_heads}"
+        )
+    if np.isnan(matrix).any():
+        raise HeadhuntError(f"{what} have no value for {int(np.isnan(matrix).sum())} heads")
+
+
+def duo_values(
+    matrix: Float[np.ndarray, "layers heads"],
+    n_kv_heads: int,
+    full_fraction: float | None = None,
+    seed: int = 0,
+) -> Float[np.ndarray, "layers kv_heads"]:
+    """Per-KV-head values in [0, 1]: min-max scaled max scores, or binary (top
+    ``full_fraction`` = 1)."""
+    kv = kv_scores(matrix, n_kv_heads)
+    if full_fraction is not None:
+        if not 0 <= full_fraction <= 1:
+            raise HeadhuntError(f"--full-fraction {full_fraction} is outside 0..1")
+        out = np.zeros(kv.size)
+        out[rank_kv_heads(kv, seed)[: round(full_fraction * kv.size)]] = 1.0
+        return out.reshape(kv.shape)
+    lo, hi = float(kv.min()), float(kv.max())
+    return (kv - lo) / (hi - lo) if hi > lo else np.ones_like(kv)
+
+
+def write_duo(
+    folder: Path,
+    matrix: np.ndarray,
+    shape: ModelShape,
+    *,
+    sink: int,
+    recent: int,
+    full_fraction: float | None = None,
+    provenance: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """DuoAttention's pattern folder (``full_attention_heads.tsv`` + ``config.json``)."""
+    check_scores(matrix, shape)
+    if sink < 0 or recent < 1:
+        raise HeadhuntError("sink must be >= 0 and recent >= 1 tokens")
+    values = duo_values(matrix, shape.n_kv_heads, full_fraction, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    heads = folder / DUO_HEADS
+    np.savetxt(heads, values, delimiter="\t")
+    config = {
+        "sink_size": int(sink),
+        "recent_size": int(recent),
+        "num_layers": shape.n_layers,
+        "num_key_value_heads": shape.n_kv_heads,
+        "values": (
+            f"binary: 1 = full cache for the top {full_fraction:g} of KV heads"
+            if full_fraction is not None
+            else "max over each KV head's query heads, min-max scaled to [0, 1]; deploy with "
+            "sparsity (quantile), not a threshold"
+        ),
+        "budget": (
+            "sparsity s: the KV heads below the s-quantile keep only sink_size + recent_size "
+            "cache entries; the others keep the whole context"
+        ),
+        "headhunt": provenance or {},
+    }
+    cfg = folder / DUO_CONFIG
+    cfg.write_text(json.dumps(config, indent=2) + "\n")
+    return [heads, cfg]
+
+
+KVPRESS_README = """# Loading this pattern into kvpress
+
+kvpress's DuoAttentionPress reads DuoAttention's two files (config.json: sink_size, recent_size;
+full_attention_heads.tsv: layers x KV heads) but downloads them by model name. Hand it this folder
+by replacing its loader before the press is used:
+
+    import numpy as np
+    from kvpress import DuoAttentionPress
+
+    def local_pattern(model, folder="{folder}"):
+        import json
+        cfg = json.load(open(folder + "/config.json"))
+        scores = np.clip(np.loadtxt(folder + "/full_attention_heads.tsv", delimiter="\\t"), 0, 1)
+        return cfg["sink_size"], cfg["recent_size"], scores
+
+    DuoAttentionPress.load_attention_pattern = staticmethod(local_pattern)
+    press = DuoAttentionPress(head_compression_ratio={ratio})
+
+head_compression_ratio r: the round(r * {n}) lowest-scoring (layer, KV head) entries become
+streaming heads (sink {sink} + recent {recent} tokens); kvpress reports its compression ratio as
+r * (1 - (sink + recent) / context length).
+"""
+
+
+def write_kvpress(
+    folder: Path,
+    matrix: np.ndarray,
+    shape: ModelShape,
+    *,
+    sink: int,
+    recent: int,
+    full_fraction: float | None = None,
+    provenance: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """The DuoAttention layout with continuous values (kvpress picks the count by its ratio)
+    and a README on loading it; ``full_fraction`` only sets the suggested ratio."""
+    paths = write_duo(
+        folder, matrix, shape, sink=sink, recent=recent, provenance=provenance, seed=seed
+    )
+    ratio = 0.5 if full_fraction is None else 1 - full_fraction
+    readme = folder / "README.md"
+    readme.write_text(
+        KVPRESS_README.format(
+            folder=folder,
+            ratio=f"{ratio:g}",
+            n=shape.n_layers * shape.n_kv_heads,
+            sink=sink,
+            recent=recent,
+        )
+    )
+    return [*paths, readme]
+
+
+def write_headkv(
+    folder: Path,
+    matrix: np.ndarray,
+    shape: ModelShape,
+    *,
+    provenance: dict[str, Any] | None = None,
+    base_capacity: int = 128,
+    beta: float = 1.2,
+) -> list[Path]:
+    """HeadKV's one-line JSON over every query head, and ``budget.json`` with the per-head
+    capacities HeadKV would give for ``base_capacity`` and ``beta`` (temperature 1)."""
+    check_scores(matrix, shape)
+    if (matrix < 0).any():
+        raise HeadhuntError(
+            f"HeadKV needs non-negative scores (the lowest is {matrix.min():.3g}); pick another metric"
+        )
+    if matrix.sum() <= 0:
+        raise HeadhuntError("HeadKV needs at least one positive score (all are zero)")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / HEADKV_FILE
+    data = {
+        f"{layer}-{head}": [float(matrix[layer, head])]
+        for layer in range(shape.n_layers)
+        for head in range(shape.n_heads)
+    }
+    path.write_text(json.dumps(data) + "\n")  # HeadKV reads the first line only
+    share = matrix / matrix.sum()
+    pool = (base_capacity // beta) * shape.n_layers * shape.n_heads
+    capacity = np.round(share * pool + base_capacity - base_capacity // beta).astype(int)
+    budget = folder / "budget.json"
+    budget.write_text(
+        json.dumps(
+            {
+                "formula": "capacity = round(share * (base // beta) * layers * heads + base - "
+                "base // beta); share = score / sum of scores",
+                "base_capacity": base_capacity,
+                "beta": beta,
+                "capacity_min": int(capacity.min()),
+                "capacity_max": int(capacity.max()),
+                "capacity_total": int(capacity.sum()),
+                "uniform_total": base_capacity * shape.n_layers * shape.n_heads,
+                "where": "HeadKV reads Important_Head/head_score/<model>_retrieval_heads.json: "
+                f"copy {HEADKV_FILE} there",
+                "headhunt": provenance or {},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return [path, budget]
+
+
+def export(
+    fmt: str,
+    folder: str | Path,
+    matrix: np.ndarray,
+    shape: ModelShape,
+    *,
+    sink: int = 4,
+    recent: int = 256,
+    full_fraction: float | None = None,
+    provenance: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``matrix`` ([layers, query heads] scores) in ``fmt``; returns the files written."""
+    folder = Path(folder)
+    if fmt == "duo":
+        return write_duo(
+            folder, matrix, shape, sink=sink, recent=recent, full_fraction=full_fraction,
+            provenance=provenance, seed=seed,
+        )  # fmt: skip
+    if fmt == "kvpress":
+        return write_kvpress(
+            folder, matrix, shape, sink=sink, recent=recent, full_fraction=full_fraction,
+            provenance=provenance, seed=seed,
+        )  # fmt: skip
+    if fmt == "headkv":
+        return write_headkv(folder, matrix, shape, provenance=provenance)
+    raise HeadhuntError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+
+
+def read_duo(folder: str | Path, shape: ModelShape) -> tuple[np.ndarray, int, int]:
+    """A DuoAttention pattern folder as DuoAttention reads it: ([layers, kv_heads] values
+    clipped to [0, 1], sink_size, recent_size), checked against the model's counts."""
+    folder = Path(folder)
+    try:
+        values = np.loadtxt(folder / DUO_HEADS, dtype=float, delimiter="\t", ndmin=2)
+        config = json.loads((folder / DUO_CONFIG).read_text())
+        sink, recent = int(config["sink_size"]), int(config["recent_size"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HeadhuntError(f"{folder} is not a DuoAttention pattern folder ({e})") from None
+    if values.shape != (shape.n_layers, shape.n_kv_heads):
+        raise HeadhuntError(
+            f"{folder / DUO_HEADS} has {values.shape[0]} layers x {values.shape[1]} KV heads; "
+            f"the model has {shape.n_layers} x {shape.n_kv_heads}"
+        )
+    return np.clip(values, 0, 1), sink, recent

@@ -1,0 +1,262 @@
+"""How much KV cache do head scores save? A sweep of the share of full KV heads.
+
+For each ranking of the KV heads (headhunt's scores, their reverse, random rankings, a
+DuoAttention pattern) and each fraction f of full KV heads, the top f of the ranking keep the
+full cache and the rest become streaming heads (:mod:`headhunt.heads.kvcache`: sink + recent
+tokens, their cache really that small). Every condition answers the same trials (needles and
+the RULER-like set of :mod:`headhunt.heads.ruler`) by greedy decoding; a trial's score is its
+task's score; the KV memory is the bytes the cache holds at the end of each batch, divided by
+the batch size. Fraction 0 (all streaming) and 1 (the unmodified model with transformers'
+DynamicCache) are the same for every ranking and run once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.kvcache import (
+    generate_with_plan,
+    kv_scores,
+    plan_from_ranking,
+    random_ranking,
+    rank_kv_heads,
+)
+from headhunt.heads.needles import read_haystack
+from headhunt.heads.retrieval import RetrievalConfig, build_trials, stop_token_ids
+from headhunt.heads.ruler import MAX_NEW_TOKENS, TASKS, TaskTrial, build_ruler, from_needles
+from headhunt.probes.hooked import HookedModel
+
+FULL, STREAMING = "full cache", "all streaming"
+
+
+@dataclass
+class KVEvalConfig:
+    """The sweep.
+
+    Attributes:
+        fractions: shares of KV heads that keep the full cache.
+        lengths: prompt lengths in tokens (needles and RULER-like tasks alike).
+        depths, needles: the needle grid (fresh answers and offsets: another seed stream than
+            a retrieval run's).
+        tasks: RULER-like tasks; ``task_repeats`` trials per (task, length).
+        random_draws: random rankings.
+        sink, recent: what a streaming head keeps (first ``sink`` and last ``recent`` tokens).
+        batch_size: trials decoded together.
+        seed: seeds trials, ties and random rankings.
+        haystack: a text file, or None for the bundled essays.
+    """
+
+    fractions: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
+    lengths: list[int] = field(default_factory=lambda: [1000, 2000])
+    depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
+    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    task_repeats: int = 2
+    random_draws: int = 3
+    sink: int = 4
+    recent: int = 256
+    batch_size: int = 8
+    seed: int = 0
+    haystack: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KVEvalConfig:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def validate(self) -> None:
+        if not self.fractions or any(not 0 <= f <= 1 for f in self.fractions):
+            raise HeadhuntError("fractions must be shares of KV heads between 0 and 1")
+        if self.sink < 0 or self.recent < 1:
+            raise HeadhuntError("sink must be >= 0 and recent >= 1 tokens")
+        if self.random_draws < 0 or self.task_repeats < 0 or self.batch_size < 1:
+            raise HeadhuntError("random draws and task repeats must be >= 0, batch size >= 1")
+        if not self.needles and not (self.tasks and self.task_repeats):
+            raise HeadhuntError("nothing to evaluate: give needles or tasks")
+
+
+def build_eval_trials(model: HookedModel, config: KVEvalConfig) -> list[TaskTrial]:
+    """Needle trials (task ``needle``) and the RULER-like set, deterministic for a seed."""
+    trials: list[TaskTrial] = []
+    if config.needles:
+        grid = RetrievalConfig(
+            lengths=config.lengths,
+            depths=config.depths,
+            needles=config.needles,
+            max_new_tokens=MAX_NEW_TOKENS["needle"],
+            seed=config.seed + 1_000_003,
+            haystack=config.haystack,
+        )
+        trials += from_needles(build_trials(model, grid))
+    if config.tasks and config.task_repeats:
+        hay = read_haystack(config.haystack)
+        trials += build_ruler(
+            model.tokenizer, hay, config.lengths, config.tasks, config.task_repeats, config.seed
+        )
+    return trials
+
+
+def kv_rankings(
+    model: HookedModel,
+    config: KVEvalConfig,
+    scores: np.ndarray | None = None,
+    duo: np.ndarray | None = None,
+) -> dict[str, list[int]]:
+    """Flat KV-head orders, best first: ``headhunt`` and ``reverse`` (from ``scores``,
+    [layers, query heads], each KV head taking its best query head), ``random0..``, ``duo``
+    (a DuoAttention [layers, kv_heads] pattern)."""
+    n = model.n_layers * model.n_kv_heads
+    out: dict[str, list[int]] = {}
+    if scores is not None:
+        kv = kv_scores(scores, model.n_kv_heads)
+        out["headhunt"] = rank_kv_heads(kv, config.seed).tolist()
+        out["reverse"] = rank_kv_heads(-kv, config.seed).tolist()
+    for i in range(config.random_draws):
+        out[f"random{i}"] = random_ranking(n, config.seed + 7919 * (i + 1))
+    if duo is not None:
+        out["duo"] = rank_kv_heads(duo, config.seed).tolist()
+    if not out:
+        raise HeadhuntError("no ranking to evaluate (no scores, random draws or pattern)")
+    return out
+
+
+def conditions(rankings: dict[str, list[int]], fractions: list[float]) -> list[tuple[str, float]]:
+    """(ranking, fraction) pairs to run; fractions 0 and 1 once, under their own names."""
+    out = []
+    if 1.0 in fractions:
+        out.append((FULL, 1.0))
+    if 0.0 in fractions:
+        out.append((STREAMING, 0.0))
+    out += [(r, f) for f in fractions if 0 < f < 1 for r in rankings]
+    return out
+
+
+def run_condition(
+    model: HookedModel,
+    trials: list[TaskTrial],
+    ranking: list[int] | None,
+    fraction: float,
+    config: KVEvalConfig,
+) -> list[dict[str, Any]]:
+    """Every trial under one plan (``ranking`` None: the unmodified model); one record each."""
+    shape = (model.n_layers, model.n_kv_heads)
+    plan = None
+    if ranking is not None:
+        plan = plan_from_ranking(ranking, shape, fraction, config.sink, config.recent)
+    stop = stop_token_ids(model.tokenizer)
+    groups: dict[tuple[str, int], list[TaskTrial]] = {}
+    for t in trials:
+        groups.setdefault((t.task, t.length), []).append(t)
+    records = []
+    for (task, _), group in groups.items():
+        for i in range(0, len(group), config.batch_size):
+            batch = group[i : i + config.batch_size]
+            prompts = torch.tensor([t.input_ids for t in batch])
+            tokens, lengths, nbytes = generate_with_plan(
+                model, prompts, plan, max_new_tokens=MAX_NEW_TOKENS[task], stop_ids=stop
+            )
+            for j, t in enumerate(batch):
+                ids = [x for x in tokens[j, : int(lengths[j])].tolist() if x not in stop]
+                response = model.tokenizer.decode(ids, skip_special_tokens=True)
+                records.append(
+                    {
+                        "trial": t.id,
+                        "task": t.task,
+                        "length": t.length,
+                        "score": t.score(response),
+                        "response": response,
+                        "kv_bytes": nbytes / len(batch),
+                    }
+                )
+    return records
+
+
+def kv_eval(
+    model: HookedModel,
+    config: KVEvalConfig,
+    rankings: dict[str, list[int]],
+    trials: list[TaskTrial],
+    *,
+    done: dict[str, list[dict[str, Any]]] | None = None,
+    on_condition: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run every condition (skipping those in ``done``); returns the per-trial table with
+    columns ``ranking, fraction, trial, task, length, score, response, kv_bytes``."""
+    config.validate()
+    results = dict(done or {})
+    conds = conditions(rankings, config.fractions)
+    for name, fraction in tqdm(conds, desc="kv-eval conditions", disable=not progress):
+        key = condition_key(name, fraction)
+        if key in results:
+            continue
+        ranking = None if name == FULL else rankings.get(name, rankings[next(iter(rankings))])
+        results[key] = run_condition(model, trials, ranking, fraction, config)
+        if on_condition is not None:
+            on_condition(key, results[key])
+    rows = []
+    for name, fraction in conds:
+        for rec in results[condition_key(name, fraction)]:
+            rows.append({"ranking": name, "fraction": fraction, **rec})
+    return pd.DataFrame(rows)
+
+
+def condition_key(name: str, fraction: float) -> str:
+    return f"{name}@{fraction:g}"
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy (mean score x 100) and measured KV memory per (ranking, fraction, task
+    group), with ``kv_fraction`` = KV bytes over the full cache's on the same trials. Task
+    groups: ``needle``, ``ruler`` (the RULER-like tasks together) and each task. Random
+    rankings also appear averaged as ``random``. Fractions 0 and 1 are listed under every
+    ranking (they are the same run)."""
+    df = table.copy()
+    ruler = df[df["task"] != "needle"].assign(task="ruler")
+    df = pd.concat([df, ruler], ignore_index=True)
+    full = df[df["ranking"] == FULL].groupby("task")["kv_bytes"].mean()
+    names = [r for r in dict.fromkeys(df["ranking"]) if r not in (FULL, STREAMING)]
+    shared = df[df["ranking"].isin([FULL, STREAMING])]
+    parts = [df[~df["ranking"].isin([FULL, STREAMING])]]
+    parts += [shared.assign(ranking=r) for r in names] or [shared]
+    df = pd.concat(parts, ignore_index=True)
+    randoms = df[df["ranking"].str.match(r"random\d+$")]
+    if len(randoms):
+        df = pd.concat([df, randoms.assign(ranking="random")], ignore_index=True)
+    out = (
+        df.groupby(["ranking", "fraction", "task"], sort=False)
+        .agg(accuracy=("score", "mean"), kv_bytes=("kv_bytes", "mean"), trials=("score", "size"))
+        .reset_index()
+    )
+    out["accuracy"] *= 100
+    out["kv_fraction"] = out["kv_bytes"] / out["task"].map(full) if len(full) else np.nan
+    return out
+
+
+def smallest_fraction_within(
+    summary: pd.DataFrame, ranking: str, task: str, points: float = 1.0
+) -> float | None:
+    """The smallest full-head fraction at which ``ranking`` keeps ``task`` accuracy within
+    ``points`` of the full cache (and at every larger fraction), or None."""
+    s = summary[(summary["task"] == task) & (summary["ranking"] == ranking)]
+    if s.empty:
+        return None
+    full = s[s["fraction"] == 1.0]["accuracy"]
+    if full.empty:
+        return None
+    ok = None
+    for f, acc in sorted(zip(s["fraction"], s["accuracy"], strict=True), reverse=True):
+        if acc < float(full.iloc[0]) - points:
+            break
+        ok = f
+    return ok

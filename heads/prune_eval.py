@@ -1,0 +1,194 @@
+"""Is a head ranking a good pruning order? Prune by it, by its reverse and at random, and measure.
+
+For each kept fraction, the model is pruned for real (:func:`headhunt.heads.pruning.prune_model`
+on a copy) keeping the top of the ranking, the bottom (reverse ranking) or random heads (several
+draws), and each pruned model is measured: parameters and their bytes, KV-cache bytes per
+token, median prefill seconds, perplexity on windows of the bundled essays, and needle recall
+(ROUGE-1 recall x 100 on fresh needle trials, as ``headhunt ablate``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.causal import needle_recall
+from headhunt.heads.needles import read_haystack
+from headhunt.heads.pruning import (
+    Head,
+    heads_to_drop,
+    model_size,
+    perplexity,
+    prefill_seconds,
+    prune_model,
+    ranked_heads,
+    text_windows,
+)
+from headhunt.heads.retrieval import RetrievalConfig, build_trials, stop_token_ids
+from headhunt.probes.hooked import HookedModel
+
+
+@dataclass
+class PruneEvalConfig:
+    """What to measure.
+
+    Attributes:
+        keep: fractions of query heads kept.
+        draws: random head sets per fraction.
+        lengths, depths, needles, repeats, max_new_tokens: the needle trials (fresh: another
+            seed stream than a retrieval run's).
+        ppl_windows, ppl_length: perplexity windows from the bundled essays (or ``haystack``).
+        speed_length: tokens of the timed prefill (batch of one; median of 3 after a warm-up).
+        batch_size: needle trials decoded together.
+    """
+
+    keep: list[float] = field(default_factory=lambda: [0.9, 0.75, 0.5])
+    draws: int = 3
+    lengths: list[int] = field(default_factory=lambda: [1000, 2000])
+    depths: list[float] = field(default_factory=lambda: [0.0, 50.0, 100.0])
+    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
+    repeats: int = 1
+    max_new_tokens: int = 24
+    ppl_windows: int = 8
+    ppl_length: int = 512
+    speed_length: int = 2048
+    batch_size: int = 8
+    seed: int = 0
+    haystack: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if not self.keep or any(not 0 < k <= 1 for k in self.keep):
+            raise HeadhuntError("keep fractions must be in (0, 1]")
+        if self.draws < 0 or self.ppl_windows < 1 or self.batch_size < 1:
+            raise HeadhuntError("draws must be >= 0, ppl windows and batch size >= 1")
+
+
+@dataclass
+class Materials:
+    """The fixed inputs every condition is measured on."""
+
+    trials: list
+    windows: torch.Tensor
+    speed_ids: torch.Tensor
+    stop: set[int]
+
+
+def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
+    grid = RetrievalConfig(
+        lengths=config.lengths,
+        depths=config.depths,
+        needles=config.needles,
+        repeats=config.repeats,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed + 1_000_003,
+        haystack=config.haystack,
+    )
+    text = read_haystack(config.haystack)
+    windows = text_windows(model, text, config.ppl_windows, config.ppl_length, config.seed)
+    speed = text_windows(model, text, 1, config.speed_length, config.seed + 1)
+    return Materials(build_trials(model, grid), windows, speed, stop_token_ids(model.tokenizer))
+
+
+def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[str, float]:
+    """Size, speed, perplexity and needle recall of one (pruned or full) model."""
+    recall = needle_recall(
+        model,
+        m.trials,
+        max_new_tokens=config.max_new_tokens,
+        stop_ids=m.stop,
+        batch_size=config.batch_size,
+    )
+    return {
+        **model_size(model),
+        "prefill_s": prefill_seconds(model, m.speed_ids),
+        "perplexity": perplexity(model, m.windows),
+        "needle_recall": 100 * float(np.mean(recall)),
+    }
+
+
+def pruning_orders(matrix: np.ndarray, config: PruneEvalConfig) -> dict[str, list[Head]]:
+    """``headhunt`` (highest score kept first), ``reverse`` and ``random0..``."""
+    out = {
+        "headhunt": ranked_heads(matrix, "top", config.seed),
+        "reverse": ranked_heads(matrix, "reverse", config.seed),
+    }
+    for i in range(config.draws):
+        out[f"random{i}"] = ranked_heads(matrix, "random", config.seed + 7919 * (i + 1))
+    return out
+
+
+def prune_sweep(
+    model: HookedModel,
+    matrix: np.ndarray,
+    config: PruneEvalConfig,
+    *,
+    done: dict[str, dict[str, Any]] | None = None,
+    on_condition: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """One row per condition: the full model (``order`` "none", keep 1) and every (order,
+    keep) pair, with :func:`measure`'s columns and the dropped heads."""
+    config.validate()
+    if matrix.shape != (model.n_layers, model.n_heads):
+        raise HeadhuntError(
+            f"the scores cover {matrix.shape[0]}x{matrix.shape[1]} heads; the model has "
+            f"{model.n_layers}x{model.n_heads}"
+        )
+    results = dict(done or {})
+    m = materials(model, config)
+    orders = pruning_orders(matrix, config)
+    conds: list[tuple[str, float]] = [("none", 1.0)]
+    conds += [(o, k) for k in config.keep for o in orders]
+    for order, keep in tqdm(conds, desc="pruning conditions", disable=not progress):
+        key = f"{order}@{keep:g}"
+        if key in results:
+            continue
+        drop = [] if order == "none" else heads_to_drop(orders[order], keep)
+        pruned = model
+        if drop:
+            pruned = copy.deepcopy(model)
+            prune_model(pruned, drop)
+        results[key] = {
+            "order": order,
+            "keep": keep,
+            "dropped": len(drop),
+            **measure(pruned, m, config),
+        }
+        del pruned
+        if on_condition is not None:
+            on_condition(key, results[key])
+    return pd.DataFrame([results[f"{o}@{k:g}"] for o, k in conds])
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (order, keep): the table with random draws averaged into ``random`` (and kept)."""
+    randoms = table[table["order"].str.match(r"random\d+$")]
+    if randoms.empty:
+        return table
+    cols = [c for c in table.columns if c not in ("order", "keep")]
+    mean = randoms.groupby("keep", as_index=False)[cols].mean().assign(order="random")
+    return pd.concat([table, mean[table.columns]], ignore_index=True)
+
+
+def largest_budget_within(summary: pd.DataFrame, order: str, points: float = 2.0) -> float | None:
+    """The smallest kept fraction (most heads pruned) at which ``order`` keeps needle recall
+    within ``points`` of the full model, at that and every larger kept fraction; or None."""
+    base = float(summary[summary["order"] == "none"]["needle_recall"].iloc[0])
+    s = summary[summary["order"] == order].sort_values("keep", ascending=False)
+    ok = None
+    for keep, recall in zip(s["keep"], s["needle_recall"], strict=True):
+        if recall < base - points:
+            break
+        ok = float(keep)
+    return ok

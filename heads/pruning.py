@@ -1,0 +1,368 @@
+"""Structural head pruning: query heads removed from the weights, saved as a Hugging Face folder.
+
+Removing query head h of a layer deletes its rows of ``q_proj`` (and bias) and its columns of
+``o_proj``; a KV head's rows of ``k_proj``/``v_proj`` go when all its query heads go. The
+result computes exactly what the unpruned model computes with those heads' outputs zeroed
+before ``o_proj`` (``mask_heads(..., mode="output")``), up to float rounding.
+
+GQA: transformers runs a layer with one group size (query heads per KV head). When a layer's
+surviving query heads split unevenly over its KV heads (3 + 2, say), the smaller groups are
+padded with *zero heads* (query rows and ``o_proj`` columns of zeros, so their output is exactly
+0): the KV cache keeps one entry per surviving KV head, and the report counts the padding in
+the parameters. A layer whose every head goes keeps one zero head (transformers cannot run a
+layer of zero heads).
+
+Per-layer head counts: Llama-family configs have one ``num_attention_heads``. The saved
+``config.json`` keeps the original counts (and an explicit ``head_dim``) and adds
+``headhunt_pruning`` with each layer's layout; :func:`load_pruned` builds the model from the
+config with transformers, shrinks each layer to its layout and loads the safetensors weights
+(no remote code). The saved ``model_type`` is ``headhunt_pruned`` (the original is kept in the
+record), so a plain ``AutoModelForCausalLM.from_pretrained`` refuses the folder in one line: it
+would otherwise re-initialise every resized projection at random with only a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import nn
+
+from headhunt.errors import HeadhuntError
+from headhunt.probes.attention import attention_modules
+from headhunt.probes.hooked import HookedModel
+
+Head = tuple[int, int]
+CONFIG_KEY = "headhunt_pruning"
+MODEL_TYPE = "headhunt_pruned"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Parameters an attention module may have besides the projections: shared over heads.
+SHARED = ("q_norm", "k_norm")
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
+    """``"14-3,20-1"`` -> [(14, 3), (20, 1)], checked against the model's shape."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            layer, head = (int(x) for x in item.split("-"))
+        except ValueError:
+            raise HeadhuntError(f"{item!r} is not a LAYER-HEAD pair such as 14-3") from None
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise HeadhuntError(f"head {item} is outside the model ({n_layers}x{n_heads})")
+        out.append((layer, head))
+    if not out:
+        raise HeadhuntError("no heads given")
+    return sorted(set(out))
+
+
+def ranked_heads(
+    matrix: Float[np.ndarray, "layers heads"], order: str = "top", seed: int = 0
+) -> list[Head]:
+    """All heads, in the order they are kept: ``top`` (highest score first), ``reverse``
+    (lowest first) or ``random``. Ties (and NaN, ranked last) are broken by a seeded random
+    order, so many equal scores do not favour early layers."""
+    layers, heads = matrix.shape
+    flat = np.where(np.isnan(matrix), -np.inf, matrix).ravel()
+    tiebreak = np.random.default_rng(seed).permutation(flat.size)
+    if order == "top":
+        idx = np.lexsort((tiebreak, -flat))
+    elif order == "reverse":
+        idx = np.lexsort((tiebreak, flat))
+    elif order == "random":
+        idx = tiebreak
+    else:
+        raise HeadhuntError(f"unknown order {order!r} (top, reverse or random)")
+    return [(int(i) // heads, int(i) % heads) for i in idx]
+
+
+def heads_to_drop(ranking: Sequence[Head], keep: float) -> list[Head]:
+    """The heads past the first ``round(keep * n)`` of ``ranking``."""
+    if not 0 < keep <= 1:
+        raise HeadhuntError(f"--keep {keep} must be in (0, 1]: the fraction of heads kept")
+    return sorted(ranking[round(keep * len(ranking)) :])
+
+
+@dataclass
+class LayerLayout:
+    """One pruned layer: ``kv_heads`` (original KV heads kept, in order) and ``q_heads`` (for
+    each slot, the original query head, or -1 for a zero pad head); slots are grouped by KV
+    head, ``group`` slots each."""
+
+    kv_heads: list[int]
+    q_heads: list[int]
+
+    @property
+    def group(self) -> int:
+        return len(self.q_heads) // len(self.kv_heads)
+
+    @property
+    def pads(self) -> int:
+        return self.q_heads.count(-1)
+
+
+def plan_layout(n_heads: int, n_kv_heads: int, dropped: Collection[int]) -> LayerLayout:
+    """The layout of a layer after dropping query heads ``dropped``."""
+    group = n_heads // n_kv_heads
+    kept = {
+        kv: [h for h in range(kv * group, (kv + 1) * group) if h not in dropped]
+        for kv in range(n_kv_heads)
+    }
+    kv_heads = [kv for kv, hs in kept.items() if hs] or [0]
+    size = max(1, *(len(kept[kv]) for kv in kv_heads))
+    q_heads = []
+    for kv in kv_heads:
+        q_heads += kept[kv] + [-1] * (size - len(kept[kv]))
+    return LayerLayout(kv_heads=kv_heads, q_heads=q_heads)
+
+
+def _rows(weight: torch.Tensor, blocks: Sequence[int], head_dim: int, dim: int) -> torch.Tensor:
+    """Blocks of ``head_dim`` rows (dim 0) or columns (dim 1); block -1 is zeros."""
+    parts = []
+    for b in blocks:
+        if b < 0:
+            shape = list(weight.shape)
+            shape[dim] = head_dim
+            parts.append(weight.new_zeros(shape))
+        else:
+            parts.append(weight.narrow(dim, b * head_dim, head_dim))
+    return torch.cat(parts, dim=dim)
+
+
+def _linear(in_f: int, out_f: int, like: nn.Linear) -> nn.Linear:
+    lin = nn.Linear(in_f, out_f, bias=like.bias is not None)
+    return lin.to(device=like.weight.device, dtype=like.weight.dtype)
+
+
+def _check_module(attn: nn.Module) -> None:
+    for name in PROJECTIONS:
+        if not isinstance(getattr(attn, name, None), nn.Linear):
+            raise HeadhuntError(
+                f"{type(attn).__name__} has no separate {name} linear layer: structural pruning "
+                "supports Llama-family attention (q_proj, k_proj, v_proj, o_proj)"
+            )
+    other = {n.split(".")[0] for n, _ in attn.named_parameters()} - {*PROJECTIONS, *SHARED}
+    if other:
+        raise HeadhuntError(
+            f"{type(attn).__name__} has per-module parameters {sorted(other)} that pruning "
+            "does not know how to cut"
+        )
+
+
+def apply_layout(attn: nn.Module, layout: LayerLayout, head_dim: int, *, copy: bool) -> None:
+    """Resize one attention module to ``layout`` (copying the kept weights when ``copy``;
+    otherwise only the shapes, for loading)."""
+    _check_module(attn)
+    q, k, v, o = (getattr(attn, n) for n in PROJECTIONS)
+    d_model = q.in_features
+    new_q = _linear(d_model, len(layout.q_heads) * head_dim, q)
+    new_k = _linear(d_model, len(layout.kv_heads) * head_dim, k)
+    new_v = _linear(d_model, len(layout.kv_heads) * head_dim, v)
+    new_o = _linear(len(layout.q_heads) * head_dim, o.out_features, o)
+    if copy:
+        with torch.no_grad():
+            new_q.weight.copy_(_rows(q.weight, layout.q_heads, head_dim, 0))
+            new_k.weight.copy_(_rows(k.weight, layout.kv_heads, head_dim, 0))
+            new_v.weight.copy_(_rows(v.weight, layout.kv_heads, head_dim, 0))
+            new_o.weight.copy_(_rows(o.weight, layout.q_heads, head_dim, 1))
+            for new, old, blocks in (
+                (new_q, q, layout.q_heads),
+                (new_k, k, layout.kv_heads),
+                (new_v, v, layout.kv_heads),
+            ):
+                if old.bias is not None:
+                    new.bias.copy_(_rows(old.bias[:, None], blocks, head_dim, 0)[:, 0])
+            if o.bias is not None:
+                new_o.bias.copy_(o.bias)
+    attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj = new_q, new_k, new_v, new_o
+    attn.num_key_value_groups = layout.group
+    for name, value in (
+        ("num_heads", len(layout.q_heads)),
+        ("num_key_value_heads", len(layout.kv_heads)),
+    ):
+        if hasattr(attn, name):
+            setattr(attn, name, value)
+
+
+def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
+    """Remove ``drop`` ((layer, query head) pairs) from ``model``'s weights, in place.
+
+    Returns the ``headhunt_pruning`` record (also set on ``model.model.config``). The
+    :class:`HookedModel` keeps its original ``n_heads``; head-indexed hooks (masks, captures)
+    do not apply to a pruned model.
+    """
+    if getattr(model.model.config, CONFIG_KEY, None):
+        raise HeadhuntError("this model is already pruned; prune the original model instead")
+    by_layer: dict[int, set[int]] = {}
+    for layer, head in drop:
+        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
+            raise HeadhuntError(f"head {layer}-{head} is outside the model")
+        by_layer.setdefault(int(layer), set()).add(int(head))
+    layouts = [
+        plan_layout(model.n_heads, model.n_kv_heads, by_layer.get(i, set()))
+        for i in range(model.n_layers)
+    ]
+    for attn, layout in zip(model.modules, layouts, strict=True):
+        apply_layout(attn, layout, model.head_dim, copy=True)
+    record = {
+        "original": {"n_heads": model.n_heads, "n_kv_heads": model.n_kv_heads},
+        "dropped": sorted([list(h) for h in {(int(a), int(b)) for a, b in drop}]),
+        "layers": [{"kv_heads": lay.kv_heads, "q_heads": lay.q_heads} for lay in layouts],
+    }
+    cfg = model.model.config
+    cfg.head_dim = model.head_dim  # explicit: hidden_size / num_attention_heads no longer applies
+    setattr(cfg, CONFIG_KEY, record)
+    return record
+
+
+def save_pruned(model: HookedModel, folder: str | Path) -> Path:
+    """Write a pruned model as a Hugging Face folder (safetensors, config, tokenizer)."""
+    folder = Path(folder)
+    if not getattr(model.model.config, CONFIG_KEY, None):
+        raise HeadhuntError("the model is not pruned (call prune_model first)")
+    tmp = folder.with_name(folder.name + ".tmp")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    impl = model.model.config._attn_implementation
+    try:
+        model.model.config._attn_implementation = "sdpa"  # not headhunt's hook implementation
+        model.model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        model.model.config._attn_implementation = impl
+    model.tokenizer.save_pretrained(tmp)
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg[CONFIG_KEY]["model_type"], cfg["model_type"] = cfg["model_type"], MODEL_TYPE
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.replace(folder)
+    return folder
+
+
+def is_pruned_folder(folder: str | Path) -> bool:
+    path = Path(folder) / "config.json"
+    try:
+        return CONFIG_KEY in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def load_pruned(folder: str | Path, *, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) of a folder written by :func:`save_pruned`, with transformers
+    classes only (no remote code): build from the config, shrink each layer, load weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    if not is_pruned_folder(folder):
+        raise HeadhuntError(f"{folder} is not a headhunt-pruned model folder")
+    fields = json.loads((folder / "config.json").read_text())
+    record = fields[CONFIG_KEY]
+    fields["model_type"] = record["model_type"]
+    cfg = AutoConfig.for_model(**fields)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    modules = attention_modules(model)
+    if len(modules) != len(record["layers"]):
+        raise HeadhuntError(
+            f"{folder}: {len(record['layers'])} layer layouts for {len(modules)} layers"
+        )
+    for attn, lay in zip(modules, record["layers"], strict=True):
+        apply_layout(attn, LayerLayout(lay["kv_heads"], lay["q_heads"]), cfg.head_dim, copy=False)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise HeadhuntError(f"{folder} holds no .safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    result = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise HeadhuntError(
+            f"{folder}: weights do not match the pruned layout (missing "
+            f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
+    if tied:
+        model.tie_weights()
+    model.eval()
+    return model.to(dtype), AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def load_pruned_model(
+    folder: str | Path, *, device: str | None = "auto", dtype: str | None = "auto"
+) -> HookedModel:
+    """:func:`load_pruned` wrapped as a :class:`HookedModel` (what ``load_model`` returns)."""
+    from headhunt.probes.hooked import cast_parameters, pick_device, pick_dtype
+
+    dev = pick_device(device)
+    model, tok = load_pruned(folder)
+    model = cast_parameters(model.to(dev), pick_dtype(dtype, dev))
+    return HookedModel(model=model, tokenizer=tok, name=str(folder))
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring a pruned model
+
+
+def model_size(model: HookedModel) -> dict[str, float]:
+    """Parameters, their bytes, and KV-cache bytes per token of context."""
+    params = sum(p.numel() for p in model.model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.model.parameters())
+    kv = sum(m.k_proj.out_features + m.v_proj.out_features for m in model.modules)
+    return {
+        "parameters": int(params),
+        "parameter_bytes": int(nbytes),
+        "kv_bytes_per_token": int(kv * model.dtype.itemsize),
+        "pad_heads": int(sum(lay["q_heads"].count(-1) for lay in _layouts(model))),
+    }
+
+
+def _layouts(model: HookedModel) -> list[dict]:
+    record = getattr(model.model.config, CONFIG_KEY, None)
+    return record["layers"] if record else []
+
+
+@torch.inference_mode()
+def prefill_seconds(model: HookedModel, ids: torch.Tensor, repeats: int = 3) -> float:
+    """Median seconds of one forward pass over ``ids`` (after one warm-up pass)."""
+    ids = ids.to(model.device)
+    times = []
+    for i in range(repeats + 1):
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.model(ids, use_cache=False, logits_to_keep=1)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+@torch.inference_mode()
+def perplexity(model: HookedModel, windows: torch.Tensor) -> float:
+    """exp(mean next-token cross-entropy) over [n, length] token windows."""
+    losses = []
+    for row in windows:
+        out = model.model(row[None].to(model.device), use_cache=False)
+        logits = out.logits[0, :-1].float()
+        losses.append(torch.nn.functional.cross_entropy(logits, row[1:].to(logits.device)))
+    return float(torch.exp(torch.stack(losses).mean()))
+
+
+def text_windows(model: HookedModel, text: str, n: int, length: int, seed: int = 0) -> torch.Tensor:
+    """``n`` windows of ``length`` tokens from ``text`` at seeded random offsets."""
+    ids = model.tokenizer(text, add_special_tokens=False).input_ids
+    if len(ids) < length + 1:
+        raise HeadhuntError(f"the text has {len(ids)} tokens; windows of {length} need more")
+    rng = random.Random(seed)
+    starts = sorted(rng.randrange(0, len(ids) - length) for _ in range(n))
+    return torch.tensor([ids[s : s + length] for s in starts])
