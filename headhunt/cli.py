@@ -26,6 +26,9 @@ COMMANDS = [
     "mqar",
     "circuits",
     "probe",
+    "prune",
+    "kv_eval",
+    "export",
     "app",
 ]
 

@@ -278,3 +278,26 @@ def read_duo(folder: str | Path, shape: ModelShape) -> tuple[np.ndarray, int, in
             f"the model has {shape.n_layers} x {shape.n_kv_heads}"
         )
     return np.clip(values, 0, 1), sink, recent
+
+
+def read_scores(path: str | Path, metric: str) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """The [layers, heads] matrix of ``metric`` from a run directory (or a ``scores.parquet``
+    file), and the model facts of the run's manifest (None for a bare parquet file)."""
+    from headhunt.heads.scores import HeadScores
+    from headhunt.rundir import load_run
+
+    path = Path(path).expanduser()
+    facts = None
+    if path.is_dir():
+        run = load_run(path)
+        scores, facts = run.scores(), run.manifest.get("model")
+    elif path.suffix == ".parquet" and path.is_file():
+        scores = HeadScores.read_parquet(path)
+    else:
+        raise HeadhuntError(f"{path} is neither a run directory nor a scores .parquet file")
+    try:
+        return scores.matrix(metric), facts
+    except KeyError:
+        raise HeadhuntError(f"{path} has no metric {metric!r} (it has {scores.metrics})") from None
+    except ValueError as e:
+        raise HeadhuntError(f"{path}: {e}") from None
