@@ -154,19 +154,23 @@ def run_condition(
     if ranking is not None:
         plan = plan_from_ranking(ranking, shape, fraction, config.sink, config.recent)
     stop = stop_token_ids(model.tokenizer)
-    groups: dict[tuple[str, int], list[TaskTrial]] = {}
+    by_length: dict[int, list[TaskTrial]] = {}
     for t in trials:
-        groups.setdefault((t.task, t.length), []).append(t)
+        by_length.setdefault(t.length, []).append(t)
     records = []
-    for (task, _), group in groups.items():
+    for group in by_length.values():
         for i in range(0, len(group), config.batch_size):
             batch = group[i : i + config.batch_size]
             prompts = torch.tensor([t.input_ids for t in batch])
+            budget = max(MAX_NEW_TOKENS[t.task] for t in batch)
             tokens, lengths, nbytes = generate_with_plan(
-                model, prompts, plan, max_new_tokens=MAX_NEW_TOKENS[task], stop_ids=stop
+                model, prompts, plan, max_new_tokens=budget, stop_ids=stop
             )
             for j, t in enumerate(batch):
-                ids = [x for x in tokens[j, : int(lengths[j])].tolist() if x not in stop]
+                # A row's greedy tokens do not depend on the others: cutting them at the task's
+                # own budget gives what decoding with that budget gives.
+                n = min(int(lengths[j]), MAX_NEW_TOKENS[t.task])
+                ids = [x for x in tokens[j, :n].tolist() if x not in stop]
                 response = model.tokenizer.decode(ids, skip_special_tokens=True)
                 records.append(
                     {

@@ -200,8 +200,20 @@ def streaming_attention(
     """Attention where query position p sees key positions j <= p with j < sink or
     j > p - recent (``k_pos`` ascending). Queries go in chunks, each against only the keys it
     can see (sinks plus a window), so memory stays linear in the context."""
-    out = torch.empty_like(q)
     group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+
+    def attend(qc: Tensor, pq: Tensor, idx: Tensor | None) -> Tensor:
+        kk, vv, pk = (k, v, k_pos) if idx is None else (k[:, :, idx], v[:, :, idx], k_pos[idx])
+        allowed = (pk[None] <= pq[:, None]) & (
+            (pk[None] < sink) | (pk[None] > pq[:, None] - recent)
+        )
+        return F.scaled_dot_product_attention(qc, kk, vv, attn_mask=allowed, scale=scale)
+
+    if k.shape[2] <= sink + recent + chunk:  # decoding and short prompts: one call, no search
+        return attend(q, q_pos, None)
+    out = torch.empty_like(q)
     n_sink = int(torch.searchsorted(k_pos, torch.tensor(sink, device=k_pos.device)))
     for a in range(0, q.shape[2], chunk):
         pq = q_pos[a : a + chunk]
@@ -213,16 +225,7 @@ def streaming_attention(
                 torch.arange(lo, hi, device=k.device),
             ]
         )
-        pk = k_pos[idx]
-        allowed = (pk[None] <= pq[:, None]) & (
-            (pk[None] < sink) | (pk[None] > pq[:, None] - recent)
-        )
-        kk, vv = k[:, :, idx], v[:, :, idx]
-        if group > 1:
-            kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
-        out[:, :, a : a + chunk] = F.scaled_dot_product_attention(
-            q[:, :, a : a + chunk], kk, vv, attn_mask=allowed, scale=scale
-        )
+        out[:, :, a : a + chunk] = attend(q[:, :, a : a + chunk], pq, idx)
     return out
 
 
@@ -281,14 +284,14 @@ class StreamingHeads(AttentionHook):
         layer = self.cache.layers[call.layer] if self.cache is not None else None
         if layer is not None and layer.pending is not None:
             k, v, k_pos = layer.pending  # call.key already holds only the full heads
-            layer.pending = None
+            layer.pending, end = None, layer.seen
         else:
             sk, fk = ix["stream_kv"].to(call.key.device), ix["full_kv"].to(call.key.device)
             k, v = call.key[:, sk], call.value[:, sk]
-            k_pos = torch.arange(call.key.shape[2], device=call.key.device)
+            end = call.key.shape[2]
+            k_pos = torch.arange(end, device=call.key.device)
             call.key, call.value = call.key[:, fk], call.value[:, fk]
         n_q = call.query.shape[2]
-        end = int(k_pos[-1]) + 1
         q_pos = torch.arange(end - n_q, end, device=k_pos.device)
         dev = call.query.device
         self._stream_out[call.layer] = streaming_attention(
