@@ -240,7 +240,7 @@ class StreamingHeads(AttentionHook):
 
     def __init__(self, plan: KVPlan, n_heads: int, n_kv_heads: int, chunk: int = 1024):
         self.plan, self.chunk = plan, chunk
-        group = n_heads // n_kv_heads
+        self.group = group = n_heads // n_kv_heads
         if plan.full.shape[1] != n_kv_heads:
             raise HeadhuntError(
                 f"the plan has {plan.full.shape[1]} KV heads per layer; the model {n_kv_heads}"
@@ -305,13 +305,24 @@ class StreamingHeads(AttentionHook):
             scale=call.scaling,
             chunk=self.chunk,
         )
-        call.query = call.query[:, ix["full_q"].to(dev)]
+        if len(ix["full_kv"]):
+            call.query = call.query[:, ix["full_q"].to(dev)]
+        else:
+            # No full head in this layer. The model's kernel still runs, so it gets one dummy
+            # group (zero keys) whose output is dropped: CUDA SDPA kernels crash (SIGFPE) on
+            # zero heads.
+            b, _, n_k, d = call.key.shape
+            call.key = call.key.new_zeros(b, 1, n_k, d)
+            call.value = call.value.new_zeros(b, 1, n_k, d)
+            call.query = call.query[:, : self.group]
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
         stream = self._stream_out.pop(call.layer, None)
         if stream is None:
             return output
         ix = self.idx[call.layer]
+        if not len(ix["full_kv"]):
+            output = output[:, :, :0]  # the dummy group's output
         b, n_q, _, d = output.shape
         n_heads = len(ix["full_q"]) + len(ix["stream_q"])
         out = output.new_empty(b, n_q, n_heads, d)
