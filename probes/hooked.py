@@ -179,21 +179,37 @@ class HookedModel:
         return self.model(input_ids=input_ids.to(self.device), **kwargs)
 
     def bridge(self):
-        """A TransformerLens 4 ``TransformerBridge`` over this same model, for TL-style hooks
-        (``blocks.L.attn.hook_pattern``, ``hook_z``, ...).
+        """A TransformerLens 4 ``TransformerBridge`` over this model's weights, for TL-style hooks
+        (``blocks.L.attn.hook_pattern``, ``hook_z``, ...) and ``run_with_cache``.
 
-        Booting switches the wrapped model to eager attention; headhunt's own hooked (SDPA)
-        path is put back afterwards, so the bridge and this wrapper can be used side by side.
+        The bridge runs TransformerLens' own (eager) attention on a twin of the model's modules
+        that shares every parameter and buffer (no weight is copied): booting a bridge rewires
+        the module tree it is given, and on this model that would silently bypass headhunt's
+        hooks. headhunt's hooks do not act inside the bridge; use its TL hooks there.
         """
         from transformer_lens.model_bridge import TransformerBridge
 
-        if not self.model.config.architectures:
-            self.model.config.architectures = [type(self.model).__name__]
-        bridge = TransformerBridge.boot_transformers(
-            self.name, hf_model=self.model, tokenizer=self.tokenizer
+        twin = _twin(self.model)
+        if not twin.config.architectures:
+            twin.config.architectures = [type(twin).__name__]
+        return TransformerBridge.boot_transformers(
+            self.name, hf_model=twin, tokenizer=self.tokenizer
         )
-        self.model.set_attn_implementation(attention.IMPLEMENTATION)
-        return bridge
+
+    def nnsight(self):
+        """An nnsight ``TransformersModel`` (the class behind nnsight's ``LanguageModel``) over
+        this same model: the same modules and weights, traced with nnsight
+        (``with lm.trace(ids): lm.model.layers[L].self_attn.o_proj.input ...``).
+
+        headhunt's attention hooks stay in force inside a trace (``model.hooks(...)``,
+        ``mask_heads`` or a capture around ``lm.trace`` apply to it) and the attention kernel
+        is still headhunt's (SDPA, no eager patterns). Reading a module's ``.source`` makes
+        nnsight run an instrumented copy of that module's forward from then on; it computes
+        the same values and keeps calling headhunt's attention.
+        """
+        from nnsight import TransformersModel
+
+        return TransformersModel(self.model, tokenizer=self.tokenizer, task="text-generation")
 
 
 def load_model(
@@ -237,6 +253,14 @@ def load_model(
     dt = pick_dtype(dtype, dev)
     model = cast_parameters(model.to(device=dev), dt)
     return HookedModel(model=model, tokenizer=tok, name=spec)
+
+
+def _twin(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s module tree whose parameters and buffers are the original tensors."""
+    import copy
+
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo=shared)
 
 
 def _run_on_own_device(module: torch.nn.Module) -> None:
