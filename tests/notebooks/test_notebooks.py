@@ -19,7 +19,7 @@ THREADS = os.environ.get("HEADHUNT_NOTEBOOK_THREADS", "1")
 def test_the_notebooks_are_there_and_committed_without_outputs():
     import nbformat
 
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
     for path in NOTEBOOKS:
         book = nbformat.read(path, as_version=4)
         for cell in book.cells:
