@@ -9,6 +9,7 @@ so a checker that sees nothing cannot pass.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +135,29 @@ def test_known_exceptions_are_still_needed():
     }
     stale = [(m, t) for m, t in KNOWN if not any(s == m and within(x, (t,)) for s, x in seen)]
     assert stale == [], f"remove from KNOWN: {stale}"
+
+
+def test_every_declared_dependency_is_imported():
+    """A runtime dependency in pyproject.toml that no module imports is dead weight."""
+    from importlib.metadata import packages_distributions
+
+    def norm(dist: str) -> str:
+        return re.split(r"[<>=!~ \[;]", dist, maxsplit=1)[0].lower().replace("_", "-")
+
+    declared = {
+        norm(d)
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    tops: dict[str, set[str]] = {}
+    for top, dists in packages_distributions().items():
+        for dist in dists:
+            tops.setdefault(norm(dist), set()).add(top)
+    imported = {
+        target.split(".")[0]
+        for name, path in module_names().items()
+        for _, target in imports(path.read_text(), name, path.name == "__init__.py")
+    }
+    assert sorted(d for d in declared if not tops.get(d, set()) & imported) == []
 
 
 @pytest.mark.parametrize(
