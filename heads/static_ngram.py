@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
@@ -58,7 +59,7 @@ class StaticNgramHeads(AttentionHook):
 
     def __init__(
         self,
-        heads: Mapping[tuple[int, int], int],
+        heads: Mapping[Head, int],
         vocab: Sequence[int],
         head_dim: int,
         group_size: int = 1,
@@ -129,7 +130,7 @@ class StaticNgramHeads(AttentionHook):
 @contextlib.contextmanager
 def plant_static_ngram_heads(
     model: HookedModel,
-    heads: Mapping[tuple[int, int], int],
+    heads: Mapping[Head, int],
     vocab: Sequence[int],
     sharpness: float = 40.0,
 ) -> Iterator[StaticNgramHeads]:
@@ -143,9 +144,7 @@ def plant_static_ngram_heads(
         >>> with plant_static_ngram_heads(model, {(0, 0): 1, (0, 1): 2}, vocab=pool):
         ...     scores = score_ngrams(model, {"planted": seqs})
     """
-    for layer, head in heads:
-        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-            raise HeadhuntError(f"head {layer}-{head} is outside the model")
+    check_heads(heads, model.n_layers, model.n_heads)
     hook = StaticNgramHeads(heads, vocab, model.head_dim, model.group_size, sharpness)
 
     def grab(_module, args, kwargs):
