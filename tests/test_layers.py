@@ -141,6 +141,28 @@ def test_known_exceptions_are_still_needed():
     assert stale == [], f"remove from KNOWN: {stale}"
 
 
+def test_every_name_imported_from_headhunt_exists():
+    """``from headhunt.x import name`` inside a function runs only when the function does: a
+    name moved or removed elsewhere must not wait for that call to fail."""
+    import importlib
+
+    missing = []
+    for module, path in module_names().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headhunt")
+            ):
+                continue
+            target = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(target, alias.name):
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ImportError:
+                        missing.append(f"{module}:{node.lineno} {node.module}.{alias.name}")
+    assert missing == []
+
+
 def test_every_declared_dependency_is_imported():
     """A runtime dependency in pyproject.toml that no module imports is dead weight."""
     from importlib.metadata import packages_distributions
