@@ -1,8 +1,8 @@
-"""Linear probes per layer, with a split by text and Hewitt & Liang controls.
+"""Linear probes per layer, with a split by text and controls chosen for the target.
 
 A :class:`Prober` is built once per target: it checks the labels, splits the *texts* into
 train and test (every position of a text falls on one side, so a probe never scores on a text
-it saw), and draws two control labelings. :meth:`Prober.fit` then fits one probe on one
+it saw), and draws the control labelings. :meth:`Prober.fit` then fits one probe on one
 layer's (or one head's) states:
 
 - standardised features (mean and scale learnt on the training texts);
@@ -10,21 +10,27 @@ layer's (or one head's) states:
   chosen from a grid by cross-validation over *groups of training texts*;
 - the score on the held-out texts: accuracy, or R^2.
 
-Controls, fitted the same way on the same split:
+Controls, fitted the same way on the same split, each the score a probe gets on labels that
+lack the property but keep something else:
 
-- ``control``: Hewitt & Liang's control task. Every type (a target says what its types are:
-  the token, the k-gram context, the key word...) gets one random label drawn from the
-  empirical label distribution, used wherever that type occurs. A probe that scores well here
-  is memorising types; ``selectivity`` = score - control is the part of the score the control
-  cannot explain. With few types a linear probe memorises them easily, so selectivity is low
-  even for a well-encoded property: read it with the number of types in mind.
+- ``within_type``: every row takes the label of another row of its type (a target says what its
+  types are: the token, the k-gram context, the key word...). It keeps everything the type
+  alone says about the label and destroys the rest, so score - within_type is what the states
+  know *beyond* the token (or context, or key). The informative control when types repeat.
 - ``shuffled``: the labels permuted across rows: what a probe reaches on labels that mean
-  nothing (near ``chance`` unless it overfits).
-- ``within_type`` (optional): the labels permuted among the rows of each type. It keeps how
-  labels go with types and destroys everything else, so score - within_type is what the
-  states know beyond the type (the token, the context...).
-
+  nothing (near ``chance`` unless it overfits). The informative control when every row is its
+  own type (then within_type would be the labels themselves).
+- ``control``: Hewitt & Liang's control task. Every type gets one random label drawn from the
+  empirical label distribution, used wherever that type occurs. It measures how well the probe
+  can *memorise* types; with a few token-valued types (8 words, 7 keys) a linear probe solves it
+  from token identity alone (1.0), so score - control says nothing about the property. Fitted
+  only when asked.
 - ``chance``: predicting the training split's majority class (accuracy) or mean (R^2).
+
+``selectivity`` = score - the control named by ``ProbeConfig.selectivity_vs``; by default
+("auto") within_type where types repeat and shuffled where they do not, the same rule by which
+each target names its informative control (see :mod:`headhunt.probes.targets`). A reference
+that cannot be informative (within_type on types that almost never repeat) is refused.
 
 The controls reuse the regularisation cross-validated for the task: Hewitt & Liang compare a
 task and its control at equal probe complexity (and it saves two thirds of the fitting time).
@@ -33,7 +39,7 @@ task and its control at equal probe complexity (and it saves two thirds of the f
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +63,12 @@ class ProbeConfig:
         grid: inverse regularisation strengths tried: logistic ``C``; ridge uses
             ``alpha = 1 / C``. Larger is weaker.
         max_iter: logistic regression iterations.
-        controls: which controls to fit, from ``control`` (Hewitt & Liang; gives
-            ``selectivity``), ``shuffled`` and ``within_type``.
+        controls: which controls to fit, from ``within_type``, ``shuffled`` and ``control``
+            (Hewitt & Liang); the ``selectivity_vs`` control is always fitted.
+        selectivity_vs: the control ``selectivity`` is measured against: ``within_type``,
+            ``shuffled``, ``control``, None (no selectivity) or ``auto``: within_type when
+            types repeat (at most half of the rows are their type's only row), else shuffled,
+            the rule by which each target names its informative one (``target.control``).
         seed: seed of the split and the control labels.
     """
 
@@ -67,7 +77,8 @@ class ProbeConfig:
     folds: int = 3
     grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1, 1.0])
     max_iter: int = 500
-    controls: list[str] = field(default_factory=lambda: ["control", "shuffled"])
+    controls: list[str] = field(default_factory=lambda: ["within_type", "shuffled"])
+    selectivity_vs: str | None = "auto"
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,8 +101,9 @@ class ProbeResult:
     Attributes:
         layer: the layer probed.
         head: the head probed, or :data:`RESIDUAL` (-1) for the residual stream.
-        metrics: ``accuracy``/``r2`` (test), ``train``, ``control``, ``selectivity``,
-            ``shuffled``, ``chance``, ``C`` (chosen inverse regularisation), ``n_train``,
+        metrics: ``accuracy``/``r2`` (test), ``train``, the fitted controls (``within_type``,
+            ``shuffled``, ``control``), ``selectivity`` (score - the ``selectivity_vs``
+            control), ``chance``, ``C`` (chosen inverse regularisation), ``n_train``,
             ``n_test`` (rows).
         weights: ``coef`` [outputs, features] and ``intercept`` [outputs] on standardised
             features, ``mean`` and ``scale`` [features] of the standardisation, ``classes``
@@ -137,12 +149,16 @@ class Prober:
         self.config = config = config or ProbeConfig()
         if config.task not in ("classification", "regression"):
             raise HeadhuntError(f"unknown probe task {config.task!r}")
-        unknown = sorted(set(config.controls) - set(CONTROLS))
+        labels, groups, types = np.asarray(labels), np.asarray(groups), np.asarray(types)
+        if config.selectivity_vs == "auto":
+            ref = "within_type" if _alone(types) <= 0.5 else "shuffled"
+            self.config = config = replace(config, selectivity_vs=ref)
+        wanted = set(config.controls) | ({config.selectivity_vs} - {None})
+        unknown = sorted(wanted - set(CONTROLS))
         if unknown:
             raise HeadhuntError(f"unknown controls {unknown} (choose from {', '.join(CONTROLS)})")
         if not 0 < config.test_fraction < 1 or config.folds < 2:
             raise HeadhuntError("need 0 < test fraction < 1 and at least 2 folds")
-        labels, groups, types = np.asarray(labels), np.asarray(groups), np.asarray(types)
         if not len(labels) == len(groups) == len(types):
             raise HeadhuntError("labels, groups and types must have one entry per row")
         if config.task == "classification":
@@ -158,6 +174,14 @@ class Prober:
             "shuffled": rng.permutation(labels),
             "within_type": within_type_labels(labels, types, rng),
         }
+        alone = _alone(types)
+        if config.selectivity_vs == "within_type" and alone > 0.5:
+            # a type's only row has no other row to take a label from: no control at all
+            raise HeadhuntError(
+                f"{alone:.0%} of the rows are the only row of their type, so the within_type "
+                "control cannot move their labels: measure selectivity against shuffled"
+            )
+        self.fitted = [c for c in CONTROLS if c in wanted]
 
     @property
     def n_rows(self) -> int:
@@ -184,13 +208,20 @@ class Prober:
                 "n_train": float(self.train.sum()),
                 "n_test": float((~self.train).sum()),
             }
-            for name in CONTROLS:
-                if name in cfg.controls:
-                    y = self.controls[name]
-                    metrics[name] = _fit(x, y, self.groups, self.train, cfg, c=main.c).test
-            if "control" in metrics:
-                metrics["selectivity"] = metrics[cfg.score_name] - metrics["control"]
+            for name in self.fitted:
+                y = self.controls[name]
+                metrics[name] = _fit(x, y, self.groups, self.train, cfg, c=main.c).test
+            if cfg.selectivity_vs is not None:
+                metrics["selectivity"] = metrics[cfg.score_name] - metrics[cfg.selectivity_vs]
         return ProbeResult(layer, head, metrics, main.weights)
+
+
+def _alone(types: np.ndarray) -> float:
+    """Share of the rows that are the only row of their type."""
+    if len(types) == 0:
+        return 0.0
+    _, inverse, counts = np.unique(types, return_inverse=True, return_counts=True)
+    return float((counts[inverse] == 1).mean())
 
 
 def check_labels(labels: np.ndarray, groups: np.ndarray, config: ProbeConfig) -> tuple[int, int]:
@@ -246,12 +277,19 @@ def control_labels(labels: np.ndarray, types: np.ndarray, rng: np.random.Generat
 def within_type_labels(
     labels: np.ndarray, types: np.ndarray, rng: np.random.Generator
 ) -> np.ndarray:
-    """The labels permuted among the rows of each type (a type's label counts are kept)."""
+    """Each row gets the label of another row of its type: the type's rows in random order,
+    each taking the next one's label (a type's label counts are kept). A plain permutation
+    would leave a row its own label with chance 1 / (rows of its type), leaking the property
+    into the control where types are small; a type's only row gets a random row's label."""
     out = labels.copy()
     order = np.argsort(types, kind="stable")
     bounds = np.flatnonzero(np.diff(types[order])) + 1
     for rows in np.split(order, bounds):
-        out[rows] = labels[rng.permutation(rows)]
+        if len(rows) == 1:
+            out[rows] = labels[rng.integers(len(labels))]
+            continue
+        rows = rng.permutation(rows)
+        out[rows] = labels[np.roll(rows, -1)]
     return out
 
 

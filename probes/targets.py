@@ -2,8 +2,9 @@
 
 Every builder returns a :class:`ProbeTarget`, whose :meth:`~ProbeTarget.rows` yields
 (text id, position, label). Positions index the text's token ids (BOS included where the
-tokenizer has one). Each row also has a *type*, the input the Hewitt & Liang control task
-keys its random labels on (see :mod:`headhunt.probes.linear`).
+tokenizer has one). Each row also has a *type*, the input the controls key on (see
+:mod:`headhunt.probes.linear`), and each target names the control its selectivity is measured
+against (``ProbeTarget.control``): the one that shows what a probe gets *without* the property.
 
 Built-in targets:
 
@@ -13,16 +14,17 @@ Built-in targets:
   ending at t), over the earlier occurrences of c whose next word is visible: ``argmax`` (class)
   = the word that most often followed c so far (positions with a tie or no earlier occurrence
   are skipped); ``freq`` (regression) = the share of those occurrences followed by the word
-  that actually comes next at t. Type = the context c.
+  that actually comes next at t. Type = the context c. Control: within_type.
 - :func:`needle_target`: needle-in-a-haystack prompts (:mod:`headhunt.heads.needles`), read at
   the question's last token; label = depth bin of the needle in the haystack. All rows share
   one token there, so the type is the prompt itself (the control then gives each prompt a
-  random label).
+  random label). Control: shuffled.
 - :func:`mqar_target`: multi-query associative recall (Zoology's generator and rendering from
   :mod:`headhunt.heads.mqar`, ``key: value,`` lists by default); at each query position, label
-  = the value bound to the queried key in this text. Type = the key word.
+  = the value bound to the queried key in this text. Type = the key word. Control: within_type.
 - :func:`jsonl_target`: the user's JSONL of ``{"text", "position" | "substring", "label"}``.
-  Type = the token at the position.
+  Type = the token at the position. Control: within_type when tokens repeat (most rows share
+  their token with another row), else shuffled.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class ProbeTarget:
         classes: class names (label i is ``classes[i]``), None for regression.
         params: how it was built (for the run manifest).
         types: what the control task's types are, in words.
+        control: the control selectivity is measured against (``within_type`` or
+            ``shuffled``; see :mod:`headhunt.probes.linear`).
+        control_why: why that control, in one sentence (printed with the results).
     """
 
     name: str
@@ -87,6 +92,8 @@ class ProbeTarget:
     classes: list[str] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     types: str = "token at the position"
+    control: str = "within_type"
+    control_why: str = ""
 
     def rows(self) -> Iterator[tuple[str, int, float]]:
         """(text id, position, label) for every row, in capture order."""
@@ -269,6 +276,13 @@ def ngram_target(
         classes=list(words) if stat == "argmax" else None,
         params=params,
         types=f"the {k}-token context",
+        control="within_type",
+        control_why=(
+            f"{len(type_of)} context types: a probe memorises a random label per context from "
+            "token identity alone (the Hewitt & Liang control), while each text's own "
+            "transition table makes the context alone say little about its follower; "
+            "within_type keeps what the context says and removes the in-text statistic"
+        ),
     )
 
 
@@ -354,6 +368,11 @@ def needle_target(
         names,
         params,
         types="the prompt (one token type at the read position)",
+        control="shuffled",
+        control_why=(
+            "one row per prompt and the same token at every read position: there is no type "
+            "to shuffle within, so shuffled labels show what a probe gets without the depth"
+        ),
     )
 
 
@@ -459,7 +478,20 @@ def mqar_target(
         "filler": list(filler),
         "seed": seed,
     }
-    return ProbeTarget("mqar", "classification", texts, list(values), params, types="the key word")
+    return ProbeTarget(
+        "mqar",
+        "classification",
+        texts,
+        list(values),
+        params,
+        types="the key word",
+        control="within_type",
+        control_why=(
+            f"{n_keys} key types: a probe memorises a random label per key from the key token "
+            "alone (the Hewitt & Liang control); within_type keeps how values go with keys "
+            "across texts and removes this text's binding"
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,7 +583,28 @@ def jsonl_target(
         texts.append(
             LabeledText(f"text-{i}", ids, [p for p, _ in rows], labels, [ids[p] for p, _ in rows])
         )
-    return ProbeTarget("jsonl", task, texts, classes, {"data": str(path), "task": task})
+    types = [c for t in texts for c in t.types]
+    _, counts = np.unique(types, return_counts=True)
+    shared = float(counts[counts > 1].sum()) / len(types)
+    control, why = (
+        (
+            "within_type",
+            "most rows share their token with other rows: within_type keeps what "
+            "the token says and removes the rest (a random label per token is solved by token "
+            "identity alone)",
+        )
+        if shared > 0.5
+        else ("shuffled", "most rows have a token no other row has: nothing to shuffle within")
+    )
+    return ProbeTarget(
+        "jsonl",
+        task,
+        texts,
+        classes,
+        {"data": str(path), "task": task},
+        control=control,
+        control_why=why,
+    )
 
 
 def _class_name(y: Any) -> str:

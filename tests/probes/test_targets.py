@@ -84,6 +84,39 @@ def test_ngram_target_labels_match_its_token_ids(tok, k):
     assert [t.input_ids for t in again.texts] == [t.input_ids for t in target.texts]
 
 
+@pytest.mark.parametrize("build", ["ngram", "mqar"])
+def test_builtin_targets_control_stays_below_a_probe_that_reads_the_label(tok, build):
+    """States made as a model that has the property would hold them (the read token's
+    embedding plus a direction per label): the target's own control stays far below the probe,
+    while the Hewitt & Liang control memorises the few context / key types and reaches the
+    probe (why it is not the reference)."""
+    from headhunt.probes.linear import ProbeConfig, Prober
+
+    if build == "ngram":
+        target = ngram_target(tok, n_texts=80, length=60, seed=1)
+    else:
+        target = mqar_target(tok, n_texts=60, seed=1)
+    assert target.control == "within_type" and target.control_why
+    labels, groups, types = target.arrays()
+    rng = np.random.default_rng(0)
+    emb, lab = rng.normal(size=(types.max() + 1, 24)) * 3, rng.normal(size=(8, 24))
+    x = emb[types] + 1.2 * lab[labels] + rng.normal(size=(len(labels), 24))
+    prober = Prober(labels, groups, types, ProbeConfig(controls=["control"], grid=[1e-2, 1e-1]))
+    assert prober.config.selectivity_vs == target.control  # "auto" picks the target's control
+    m = prober.fit(x, 0).metrics
+    assert m["accuracy"] > 0.6
+    assert m["within_type"] < m["accuracy"] - 0.3 and m["selectivity"] > 0.3
+    assert m["control"] > m["accuracy"] - 0.1
+
+
+def test_jsonl_control_follows_how_often_tokens_repeat(tok, tmp_path):
+    rows = [{"text": f"the river {i}", "position": 2, "label": i % 2} for i in range(6)]
+    assert jsonl_target(write_jsonl(tmp_path / "r.jsonl", rows), tok).control == "within_type"
+    words = ["river", "lamp", "red", "blue", "city", "park"]
+    rows = [{"text": f"a {w}", "position": 2, "label": i % 2} for i, w in enumerate(words)]
+    assert jsonl_target(write_jsonl(tmp_path / "u.jsonl", rows), tok).control == "shuffled"
+
+
 def test_ngram_freq_is_a_regression(tok):
     target = ngram_target(tok, k=2, stat="freq", n_texts=5, length=40)
     labels, _, _ = target.arrays()
@@ -123,6 +156,7 @@ def test_needle_depth_bins_on_the_embedded_tokenizer(smol):
     target = needle_target(tok, n_texts=40, length=192, bins=4, seed=0)
     labels, _, types = target.arrays()
     assert sorted(Counter(labels.tolist()).values()) == [10, 10, 10, 10]
+    assert target.control == "shuffled"  # one row per prompt: nothing to shuffle within
     assert len(set(types)) == 40
     agree = 0
     for text, y in zip(target.texts, labels, strict=True):
