@@ -8,8 +8,8 @@ One call of :func:`run_trials` does, for ``N`` prompt pairs:
    score matrix per pair);
 3. ``trials`` times, with seed ``seed + t``: draw a subset of the pairs (``subsample``), train a
    fresh SAE on ``sae_examples`` prompts drawn from that subset's positives and negatives
-   (the paper trains on ~10), take every head's code on the subset, and score heads by node
-   and edge scores; EAP's score for the trial is its mean over the same subset. Each method's
+   (default: all of them; the paper trains on ~10), take every head's code on the subset, and
+   score heads by node and edge scores (``node_rule`` names the node score a run ranks by); EAP's score for the trial is its mean over the same subset. Each method's
    ROC AUC against the binarised ground truth is recorded per trial.
 """
 
@@ -29,6 +29,14 @@ from headhunt.sae import roc, scoring
 from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
 
 HEAD_NORMS = ("none", "center", "standardize")
+RULES = ("pos_only", "changed")  # node rules beyond the paper's two
+# node_rule name -> the Trial attribute and the AUC key of that score
+NODE_RULES = {
+    "changed": "sae_changed",
+    "node": "sae_node",
+    "node_norm": "sae_node_norm",
+    "pos_only": "sae_pos_only",
+}
 
 
 def normalize_heads(
@@ -45,20 +53,31 @@ def normalize_heads(
 
 @dataclass
 class CircuitConfig:
-    """Settings of a circuit-finding run (SAE defaults: the paper's).
+    """Settings of a circuit-finding run.
+
+    Defaults: those that ranked heads best on average over IOI, greater-than and docstring on
+    SmolLM2-135M, chosen on one set of prompt pairs and checked on another (docs/circuits.md);
+    the paper's are ``sae_examples=10, position="mean", head_norm="none", dict_size=200,
+    node_rule="node"``.
 
     Attributes:
         trials: independent SAE runs (seeds ``seed``, ``seed + 1``, ...).
-        sae_examples: prompts (positives and negatives mixed) each SAE is trained on.
+        sae_examples: prompts (positives and negatives mixed) each SAE is trained on; None:
+            all of the trial's prompts.
         subsample: share of the pairs each trial scores on (1.0: all pairs every trial, so
             only the SAE's training draw and initialisation vary).
-        position: head outputs averaged over positions ("mean", the paper's) or "last".
+        position: head outputs averaged over positions ("mean", the paper's) or at the "last"
+            position, where the answer is predicted.
         head_norm: what each head's outputs go through before the SAE: "none" (the paper's),
             "center" (minus the head's mean over the trial's prompts) or "standardize" (centred,
             then divided by the head's mean centred norm). Centring makes the SAE model how a
             head's output varies across prompts instead of which head wrote it; scaling stops
             the largest heads from owning the reconstruction loss. Labels are never used.
         dict_size, l1, lr, epochs: the SAE's (see :class:`SAEConfig`).
+        node_rule: the node score a run ranks heads by and reports as its SAE method, one of
+            :data:`NODE_RULES` (see :class:`~headhunt.sae.scoring.NodeScores`): "changed"
+            (share of pairs whose code differs between positive and negative), "node" (the
+            paper's |P \\ N|), "node_norm", "pos_only". Every rule is scored in every run.
         edge_top_fraction: share of head pairs counted for the edge-derived head score.
         truth_share / truth_top: how patching effects are binarised (see
             :func:`headhunt.sae.roc.binarize_truth`); set one.
@@ -66,14 +85,15 @@ class CircuitConfig:
     """
 
     trials: int = 10
-    sae_examples: int = 10
+    sae_examples: int | None = None
     subsample: float = 0.5
-    position: str = "mean"
-    head_norm: str = "none"
-    dict_size: int = 200
+    position: str = "last"
+    head_norm: str = "center"
+    dict_size: int = 800
     l1: float = 0.02
     lr: float = 1e-3
     epochs: int = 500
+    node_rule: str = "changed"
     edge_top_fraction: float = 0.5
     truth_share: float | None = 0.5
     truth_top: int | None = None
@@ -82,7 +102,7 @@ class CircuitConfig:
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise HeadhuntError(f"need at least one trial, got {self.trials}")
-        if self.sae_examples < 1:
+        if self.sae_examples is not None and self.sae_examples < 1:
             raise HeadhuntError(f"need at least one SAE training example, got {self.sae_examples}")
         if not 0 < self.subsample <= 1:
             raise HeadhuntError(f"subsample must be in (0, 1], got {self.subsample}")
@@ -91,6 +111,10 @@ class CircuitConfig:
         if self.head_norm not in HEAD_NORMS:
             raise HeadhuntError(
                 f"unknown head_norm {self.head_norm!r} (use {', '.join(HEAD_NORMS)})"
+            )
+        if self.node_rule not in NODE_RULES:
+            raise HeadhuntError(
+                f"unknown node_rule {self.node_rule!r} (use {', '.join(NODE_RULES)})"
             )
         if (self.truth_share is None) == (self.truth_top is None):
             raise HeadhuntError("set exactly one of truth_share and truth_top")
@@ -120,7 +144,8 @@ class Trial:
 
     Attributes:
         node, node_norm: SAE node scores |P \\ N| and |P \\ N| / |P ∪ N|.
-        edge: head score derived from SAE edge scores.
+        pos_only, changed: the other node rules of :class:`~headhunt.sae.scoring.NodeScores`.
+        edge: head score derived from SAE edge scores (zeros when a trial skips edges).
         eap: |EAP| over the trial's pairs (None without EAP).
         auc: method -> ROC AUC against the ground truth (empty without it).
         seconds: time of this trial's SAE training and of its scoring.
@@ -135,6 +160,8 @@ class Trial:
     train_examples: list[int]
     node: Float[np.ndarray, " heads"]
     node_norm: Float[np.ndarray, " heads"]
+    pos_only: Float[np.ndarray, " heads"]
+    changed: Float[np.ndarray, " heads"]
     edge: Float[np.ndarray, " heads"]
     eap: Float[np.ndarray, " heads"] | None
     auc: dict[str, float]
@@ -151,6 +178,8 @@ class Trial:
     @classmethod
     def from_record(cls, r: dict[str, Any]) -> Trial:
         arr = {k: np.asarray(r[k], float) for k in ("node", "node_norm", "edge")}
+        # Records written before these rules existed have no values for them.
+        arr |= {k: np.asarray(r.get(k, np.full(len(arr["node"]), np.nan)), float) for k in RULES}
         eap = None if r.get("eap") is None else np.asarray(r["eap"], float)
         rest = {k: r[k] for k in ("index", "pairs", "train_examples", "auc", "seconds")}
         edges = [(int(a), int(b), float(v)) for a, b, v in r["top_edges"]]
@@ -171,42 +200,50 @@ def run_trial(
     *,
     eap_pairs: Float[np.ndarray, "pairs heads"] | None = None,
     truth: np.ndarray | None = None,
+    edges: bool = True,
 ) -> Trial:
-    """One trial (see the module docstring). ``acts`` holds N positives then N negatives."""
+    """One trial (see the module docstring). ``acts`` holds N positives then N negatives; the
+    SAE trains on their device. ``edges=False`` skips the edge scores (the costliest part)."""
     n = acts.shape[0] // 2
     seed = config.seed + t
     rng = np.random.default_rng(seed)
     k = max(1, round(config.subsample * n))
     subset = np.sort(rng.choice(n, size=k, replace=False))
     prompts = np.concatenate([subset, subset + n])
-    n_train = min(config.sae_examples, len(prompts))
+    n_train = min(config.sae_examples or len(prompts), len(prompts))
     train_at = np.sort(rng.choice(len(prompts), size=n_train, replace=False))
     t0 = time.perf_counter()
-    x = normalize_heads(acts[torch.as_tensor(prompts)], config.head_norm)
-    x_train = x[torch.as_tensor(train_at)].reshape(-1, acts.shape[-1])
+    x = normalize_heads(acts[torch.as_tensor(prompts, device=acts.device)], config.head_norm)
+    x_train = x[torch.as_tensor(train_at, device=acts.device)].reshape(-1, acts.shape[-1])
     result = train_sae(x_train, config.sae_config(acts.shape[-1], seed))
     t1 = time.perf_counter()
-    codes = result.sae.codes(x).numpy()
+    codes = result.sae.codes(x).cpu().numpy()
     pos, neg = codes[:k], codes[k:]
     ns = scoring.node_scores(pos, neg)
-    edges = scoring.edge_scores(pos, neg)
-    edge = scoring.edge_head_scores(edges, config.edge_top_fraction)
+    top_edges: list[tuple[int, int, float]] = []
+    edge = np.zeros(codes.shape[1])
+    if edges:
+        pair_scores = scoring.edge_scores(pos, neg)
+        edge = scoring.edge_head_scores(pair_scores, config.edge_top_fraction)
+        iu, ju = np.triu_indices(len(pair_scores), 1)
+        best = np.argsort(-pair_scores[iu, ju], kind="stable")[:100]
+        top_edges = [
+            (int(iu[b]), int(ju[b]), float(pair_scores[iu[b], ju[b]]))
+            for b in best
+            if pair_scores[iu[b], ju[b]] > 0
+        ]
     t2 = time.perf_counter()
-    iu, ju = np.triu_indices(len(edges), 1)
-    best = np.argsort(-edges[iu, ju], kind="stable")[:100]
-    top_edges = [
-        (int(iu[b]), int(ju[b]), float(edges[iu[b], ju[b]]))
-        for b in best
-        if edges[iu[b], ju[b]] > 0
-    ]
     eap = None if eap_pairs is None else np.abs(eap_pairs[subset].mean(0))
     auc: dict[str, float] = {}
     if truth is not None:
         auc = {
             "sae_node": roc.roc_auc(ns.count, truth),
             "sae_node_norm": roc.roc_auc(ns.normalised, truth),
-            "sae_edge": roc.roc_auc(edge, truth),
+            "sae_pos_only": roc.roc_auc(ns.pos_only, truth),
+            "sae_changed": roc.roc_auc(ns.changed, truth),
         }
+        if edges:
+            auc["sae_edge"] = roc.roc_auc(edge, truth)
         if eap is not None:
             auc["eap"] = roc.roc_auc(eap, truth)
     return Trial(
@@ -215,6 +252,8 @@ def run_trial(
         train_examples=prompts[train_at].tolist(),
         node=ns.count,
         node_norm=ns.normalised,
+        pos_only=ns.pos_only,
+        changed=ns.changed,
         edge=edge,
         eap=eap,
         auc=auc,

@@ -181,7 +181,7 @@ def train_sae(
     """Train a discrete SAE full-batch on ``x`` (rows: one head's output on one prompt).
 
     Args:
-        x: training vectors, flattened over (example, head).
+        x: training vectors, flattened over (example, head); training runs on x's device.
         config: hyperparameters; ``config.d_in`` must equal x's width.
         progress: show a progress bar over epochs.
     """
@@ -190,7 +190,8 @@ def train_sae(
     if not torch.isfinite(x).all():
         raise HeadhuntError("SAE input has NaN or infinite values")
     x = x.detach().float()
-    sae = DiscreteSAE(config)
+    # Initialised on the CPU (the same start on every device), then trained where x lives.
+    sae = DiscreteSAE(config).to(x.device)
     opt = torch.optim.Adam(sae.parameters(), lr=config.lr)
     losses = []
     for _ in tqdm(range(config.epochs), desc="SAE", disable=not progress, leave=False):

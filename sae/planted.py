@@ -14,6 +14,11 @@ reads ``w`` into the answer token's logit. So every other head computes exactly 
 on a positive and on its negative, and the planted heads' outputs are zero on every negative and
 non-zero on positives. Activation patching, attribution patching and SAE node scores must all
 single them out.
+
+``write_scale`` shrinks what the planted heads write (and scales the LM head's read of ``w`` up
+by as much, so the logits and every patching effect stay the same): a circuit of heads whose
+outputs are small next to the other heads', as on real models, where head output norms span
+two orders of magnitude.
 """
 
 from __future__ import annotations
@@ -38,14 +43,21 @@ class Planted:
     model: HookedModel
     heads: list[tuple[int, int]]
 
-    def pairs(self, n: int, seed: int = 0, length: int = 10) -> EncodedPairs:
-        """``n`` marker / decoy prompt pairs of ``length`` words (all the same length)."""
+    def pairs(
+        self, n: int, seed: int = 0, length: int = 10, marker_last: bool = False
+    ) -> EncodedPairs:
+        """``n`` marker / decoy prompt pairs of ``length`` words (all the same length).
+
+        ``marker_last`` puts the marker on the last word, where the answer is read: only the
+        last position's planted-head output differs between a positive and its negative (as
+        in IOI, where the heads that matter act where the answer is predicted), so a head
+        output averaged over positions holds 1 / length of the signal."""
         rng = random.Random(seed)
         filler = [w for w in WORDS if w not in (MARKER, DECOY, ANSWER, WRONG)]
         pairs = []
         for _ in range(n):
             words = [rng.choice(filler) for _ in range(length)]
-            at = rng.randrange(1, length - 1)
+            at = length - 1 if marker_last else rng.randrange(1, length - 1)
             pos = " ".join([*words[:at], MARKER, *words[at + 1 :]])
             neg = " ".join([*words[:at], DECOY, *words[at + 1 :]])
             pairs.append(PromptPair(pos, neg, [" " + ANSWER], [" " + WRONG]))
@@ -59,10 +71,12 @@ def planted_model(
     n_heads: int = 4,
     d_model: int = 64,
     heads: tuple[tuple[int, int], ...] | None = None,
+    write_scale: float = 1.0,
     seed: int = 0,
 ) -> Planted:
     """Build the planted model. ``heads`` are (layer, head) pairs in the last layer (default:
-    heads 1 and n_heads - 1 of the last layer)."""
+    heads 1 and n_heads - 1 of the last layer); ``write_scale`` scales what they write (see
+    the module docstring)."""
     last = n_layers - 1
     heads = heads or ((last, 1), (last, n_heads - 1))
     if any(layer != last for layer, _ in heads):
@@ -94,8 +108,8 @@ def planted_model(
         att.v_proj.weight[sl, :] = 0
         att.v_proj.weight[sl, R] = vec  # read only the marker coordinate
         att.o_proj.weight[:, sl] = 0
-        att.o_proj.weight[W, sl] = vec  # write only coordinate w, with a positive sign
+        att.o_proj.weight[W, sl] = vec * write_scale  # write only coordinate w, sign +
     lm = net.lm_head.weight
     lm[:, reserved] = 0
-    lm[tok.convert_tokens_to_ids(ANSWER), W] = 10.0  # w raises the answer's logit
+    lm[tok.convert_tokens_to_ids(ANSWER), W] = 10.0 / write_scale  # w raises the answer's logit
     return Planted(model=m, heads=sorted(heads))

@@ -3,11 +3,13 @@
 Files written (besides ``manifest.json``):
 
 - ``scores.parquet``: per head, ``sae_node`` (mean |P \\ N| over trials), ``sae_node_norm``,
+  ``sae_pos_only``, ``sae_changed`` (the node rules of ``headhunt.sae.scoring.NodeScores``),
   ``sae_edge`` (edge-derived head score), ``eap`` (signed, mean over all pairs),
   ``patching`` (effect in logits), ``patching_norm`` (share of the clean - corrupted gap) and
   ``truth`` (1 for ground-truth circuit heads).
-- ``auc.json``: per method, ROC AUC mean / std / per trial; the ground-truth rule and heads.
-- ``circuit.json``: the chosen circuit (by node score).
+- ``auc.json``: per method, ROC AUC mean / std / per trial; the ground-truth rule and heads;
+  ``verdict``: SAE vs EAP vs patching side by side (AUC, seconds) and which to trust.
+- ``circuit.json``: the chosen circuit (by the run's node rule, ``CircuitConfig.node_rule``).
 - ``trials.jsonl``: one record per trial (scores, AUCs, seconds, SAE training draw).
 - ``edges.parquet``: each trial's 100 best head pairs by edge score.
 - ``patching.json``, ``eap.safetensors``: ground truth and per-pair EAP (kept for resuming).
@@ -31,14 +33,57 @@ from headhunt.heads.scores import HeadScores
 from headhunt.probes.hooked import HookedModel
 from headhunt.rundir import RunDir, load_run, write_json_atomic
 from headhunt.sae import activations, patching, roc, scoring, tasks
-from headhunt.sae.circuits import CircuitConfig, Trial, run_trials, summarize
+from headhunt.sae.circuits import NODE_RULES, CircuitConfig, Trial, run_trials, summarize
 
 METHOD_NAMES = {
     "sae_node": "SAE node |P\\N|",
     "sae_node_norm": "SAE node, normalised",
+    "sae_pos_only": "SAE node, positive-only share",
+    "sae_changed": "SAE node, changed in pair",
     "sae_edge": "SAE edge",
     "eap": "EAP |score|",
 }
+
+
+SCORES = {  # scores.parquet metric -> Trial attribute
+    "sae_node": "node",
+    "sae_node_norm": "node_norm",
+    "sae_pos_only": "pos_only",
+    "sae_changed": "changed",
+    "sae_edge": "edge",
+}
+
+
+def verdict(
+    summary: dict[str, dict[str, Any]], timings: dict[str, float], rule_key: str = "sae_node"
+) -> dict[str, Any]:
+    """SAE (the run's node rule) against EAP and patching, side by side, and which to trust.
+
+    Patching is the reference the AUCs are measured against; of the two fast methods the one
+    with the higher mean AUC is the one to trust for this model and task (the SAE method wins
+    only if it is better by more than its trial-to-trial spread).
+    """
+    rows = {
+        "patching": {"auc": 1.0, "seconds": timings.get("patching"), "role": "reference"},
+        rule_key: {"auc": None, "seconds": timings.get("sae_method"), "role": "fast"},
+        "eap": {"auc": None, "seconds": timings.get("eap"), "role": "fast"},
+    }
+    for k in (rule_key, "eap"):
+        if k in summary:
+            rows[k]["auc"] = summary[k]["mean"]
+    sae, eap = rows[rule_key]["auc"], rows["eap"]["auc"]
+    if sae is None:
+        return {"methods": rows, "trust": "no ground truth: nothing says which method to trust"}
+    if eap is None:
+        trust = f"SAE node scores reach AUC {sae:.2f} against patching (EAP was not run)"
+    elif sae > eap + summary[rule_key]["std"]:
+        trust = f"SAE node scores: AUC {sae:.2f} against patching, EAP {eap:.2f}"
+    else:
+        trust = (
+            f"EAP: AUC {eap:.2f} against patching, SAE node scores {sae:.2f}; use the SAE "
+            "for its codes and edges, not to rank heads"
+        )
+    return {"methods": rows, "trust": trust}
 
 
 def load_pairs(
@@ -188,15 +233,11 @@ def run(
         timings["capture"] + timings["sae_train_per_trial"] + timings["sae_score_per_trial"]
     )
 
-    node = np.mean([t.node for t in trials], 0)
-    node_norm = np.mean([t.node_norm for t in trials], 0)
-    edge = np.mean([t.edge for t in trials], 0)
+    sae_scores = mean_scores(trials)
+    rule_key = NODE_RULES[config.node_rule]
     tables = [
-        HeadScores.from_matrix("sae_node", node.reshape(L, H), n_kv_heads=model.n_kv_heads),
-        HeadScores.from_matrix(
-            "sae_node_norm", node_norm.reshape(L, H), n_kv_heads=model.n_kv_heads
-        ),
-        HeadScores.from_matrix("sae_edge", edge.reshape(L, H), n_kv_heads=model.n_kv_heads),
+        HeadScores.from_matrix(k, v.reshape(L, H), n_kv_heads=model.n_kv_heads)
+        for k, v in sae_scores.items()
     ]
     if eap_pairs is not None:
         eap_mean = eap_pairs.mean(0).reshape(L, H)
@@ -214,13 +255,14 @@ def run(
     HeadScores.concat(tables).to_parquet(run_dir.path("scores.parquet"))
     _write_edges(run_dir, trials, L, H)
 
+    ranking = sae_scores[rule_key].reshape(L, H)
     if circuit_threshold is not None:
-        chosen = scoring.circuit(node_norm.reshape(L, H), threshold=circuit_threshold)
-        rule = f"normalised node score > {circuit_threshold}"
+        chosen = scoring.circuit(ranking, threshold=circuit_threshold)
+        rule = f"{rule_key} > {circuit_threshold}"
     else:
         size = circuit_size or (int(truth.sum()) if truth is not None else 10)
-        chosen = scoring.circuit(node.reshape(L, H), size=min(size, L * H))
-        rule = f"top {size} heads by node score"
+        chosen = scoring.circuit(ranking, size=min(size, L * H))
+        rule = f"top {size} heads by {rule_key}"
     truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
     circuit = {"rule": rule, "heads": chosen}
     write_json_atomic(run_dir.path("circuit.json"), circuit)
@@ -236,10 +278,14 @@ def run(
         "truth_heads": truth_heads,
         "clean_metric": patch.get("clean_metric"),
         "corrupt_metric": patch.get("corrupt_metric"),
-        "spearman_vs_abs_effect": _spearman(trials, eap_pairs, effect),
+        "spearman_vs_abs_effect": _spearman(sae_scores, eap_pairs, effect),
+        "node_rule": rule_key,
+        "verdict": verdict(summary, timings, rule_key),
     }
     write_json_atomic(run_dir.path("auc.json"), auc)
-    plot_notes = _plots(run_dir, trials, summary, eap_pairs, effect, truth, L, H, params, png)
+    plot_notes = _plots(
+        run_dir, sae_scores, rule_key, summary, eap_pairs, effect, truth, L, H, params, png
+    )
 
     extra = {
         "n_pairs": len(pairs),
@@ -248,24 +294,26 @@ def run(
         "truth_heads": truth_heads,
         "plots": plot_notes,
         "truth_from": str(Path(truth_from).resolve()) if truth_from else None,
+        "trust": auc["verdict"]["trust"],
     }
     if "patching" in timings:
         extra["speedup_vs_patching"] = timings["patching"] / timings["sae_method"]
     return run_dir.finalize(model=model.describe(), parameters=params, timings=timings, extra=extra)
 
 
-def _spearman(trials, eap_pairs, effect) -> dict[str, float]:
+def mean_scores(trials: list[Trial]) -> dict[str, np.ndarray]:
+    """Every SAE head score (``sae_node``, ..., ``sae_edge``), averaged over the trials."""
+    return {key: np.mean([getattr(t, attr) for t in trials], 0) for key, attr in SCORES.items()}
+
+
+def _spearman(sae_scores, eap_pairs, effect) -> dict[str, float]:
     """Rank correlation of each method's mean score with |patching effect| (no binarising)."""
     if effect is None:
         return {}
     from scipy.stats import spearmanr
 
     a = np.abs(effect).ravel()
-    out = {
-        "sae_node": spearmanr(np.mean([t.node for t in trials], 0), a)[0],
-        "sae_node_norm": spearmanr(np.mean([t.node_norm for t in trials], 0), a)[0],
-        "sae_edge": spearmanr(np.mean([t.edge for t in trials], 0), a)[0],
-    }
+    out = {k: spearmanr(v, a)[0] for k, v in sae_scores.items()}
     if eap_pairs is not None:
         out["eap"] = spearmanr(np.abs(eap_pairs.mean(0)), a)[0]
     return {k: float(v) if np.isfinite(v) else float("nan") for k, v in out.items()}
@@ -290,7 +338,9 @@ def _write_edges(run_dir: RunDir, trials: list[Trial], L: int, H: int) -> None:
     )
 
 
-def _plots(run_dir, trials, summary, eap_pairs, effect, truth, L, H, params, png) -> list[str]:
+def _plots(
+    run_dir, sae_scores, rule_key, summary, eap_pairs, effect, truth, L, H, params, png
+) -> list[str]:
     """ROC curves (of each method's trial-mean score) and head heatmaps; returns notes on
     anything that could not be written."""
     import plotly.graph_objects as go
@@ -299,11 +349,7 @@ def _plots(run_dir, trials, summary, eap_pairs, effect, truth, L, H, params, png
     notes = []
     task = params.get("task") or Path(params.get("task_file") or "task").stem
     if truth is not None:
-        scores = {
-            "sae_node": np.mean([t.node for t in trials], 0),
-            "sae_node_norm": np.mean([t.node_norm for t in trials], 0),
-            "sae_edge": np.mean([t.edge for t in trials], 0),
-        }
+        scores = dict(sae_scores)
         if eap_pairs is not None:
             scores["eap"] = np.abs(eap_pairs.mean(0))
         curves = {}
@@ -322,7 +368,7 @@ def _plots(run_dir, trials, summary, eap_pairs, effect, truth, L, H, params, png
         )
         if note:
             notes.append(note)
-    panels = [("SAE node score (mean |P\\N|)", np.mean([t.node for t in trials], 0))]
+    panels = [(f"{METHOD_NAMES[rule_key]} (trial mean)", sae_scores[rule_key])]
     if effect is not None:
         panels.append(("patching effect (logits)", np.asarray(effect).ravel()))
     if eap_pairs is not None:
@@ -373,9 +419,18 @@ def print_summary(path: Path, print_table: Callable, top: int = 15) -> None:
             f"{len(auc['truth_heads'])} heads; {m['parameters']['trials']} trials",
         )
     df = done.scores().df.pivot_table(index=["layer", "head"], columns="metric", values="value")
-    df = df.sort_values(["sae_node", "sae_node_norm"], ascending=False).head(top).reset_index()
-    print_table(df, title="heads by SAE node score")
+    rule_key = auc.get("node_rule", "sae_node")
+    df = df.sort_values([rule_key, "sae_node"], ascending=False).head(top).reset_index()
+    print_table(df, title=f"heads by {METHOD_NAMES[rule_key]}")
     t = m["timings"]
     line = ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
     print(f"timings: {line}")
+    v = auc.get("verdict")
+    if v:
+        side = [
+            {"method": k, "ROC AUC vs patching": r["auc"], "seconds": r["seconds"]}
+            for k, r in v["methods"].items()
+        ]
+        print_table(pd.DataFrame(side), title="SAE vs EAP vs patching (SAE: capture + 1 trial)")
+        print(f"trust: {v['trust']}")
     print(f"run directory: {done.path}")

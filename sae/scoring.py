@@ -36,10 +36,17 @@ class NodeScores:
             on negative ones (the paper's node score).
         normalised: |P \\ N| / |P ∪ N|, the share of the head's distinct codes that are
             positive-only (the paper's ``normalise=True``), in [0, 1].
+        pos_only: the share of positive prompts on which the head's code is one no negative
+            prompt gives it, in [0, 1] (|P \\ N| weighted by how often each code occurs).
+        changed: the share of pairs on which the head's code on the positive differs from its
+            code on that pair's own negative, in [0, 1] (row i of the positives and of the
+            negatives must be one pair; NaN when their counts differ).
     """
 
     count: Float[np.ndarray, " heads"]
     normalised: Float[np.ndarray, " heads"]
+    pos_only: Float[np.ndarray, " heads"]
+    changed: Float[np.ndarray, " heads"]
 
 
 def node_scores(
@@ -48,14 +55,15 @@ def node_scores(
     """Node scores of every head from its codes on positive and negative prompts."""
     p, n = _check(codes_pos, codes_neg)
     heads = p.shape[1]
-    count = np.zeros(heads)
-    norm = np.zeros(heads)
+    count, norm, pos_only = np.zeros(heads), np.zeros(heads), np.zeros(heads)
     for h in range(heads):
         sp, sn = set(p[:, h].tolist()), set(n[:, h].tolist())
         only = len(sp - sn)
         count[h] = only
         norm[h] = only / len(sp | sn)
-    return NodeScores(count=count, normalised=norm)
+        pos_only[h] = (~np.isin(p[:, h], n[:, h])).mean()
+    changed = (p != n).mean(0).astype(float) if len(p) == len(n) else np.full(heads, np.nan)
+    return NodeScores(count=count, normalised=norm, pos_only=pos_only, changed=changed)
 
 
 def edge_scores(

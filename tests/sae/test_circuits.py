@@ -37,7 +37,14 @@ def test_trials_are_seeded_and_roundtrip_as_records():
     assert np.array_equal(back.node, a[0].node) and back.auc == a[0].auc
     assert back.top_edges == a[0].top_edges
     s = summarize(a)
-    assert set(s) == {"sae_node", "sae_node_norm", "sae_edge", "eap"}
+    assert set(s) == {
+        "sae_node",
+        "sae_node_norm",
+        "sae_pos_only",
+        "sae_changed",
+        "sae_edge",
+        "eap",
+    }
     assert np.isclose(s["sae_node"]["mean"], np.mean([t.auc["sae_node"] for t in a]))
 
 
@@ -94,3 +101,16 @@ def test_standardized_heads_still_find_the_signal():
     (t,) = run_trials(acts, cfg, progress=False)
     assert t.node[[0, 2, 4]].max() == 0
     assert t.node[[1, 3]].min() >= 1
+
+
+def test_verdict_names_the_method_to_trust():
+    from headhunt.sae.report import verdict
+
+    summary = {"sae_changed": {"mean": 0.84, "std": 0.01}, "eap": {"mean": 0.99, "std": 0.0}}
+    v = verdict(summary, {"patching": 500.0, "eap": 3.0, "sae_method": 40.0}, "sae_changed")
+    assert v["trust"].startswith("EAP")
+    assert v["methods"]["sae_changed"] == {"auc": 0.84, "seconds": 40.0, "role": "fast"}
+    assert v["methods"]["patching"]["role"] == "reference"
+    summary["eap"]["mean"] = 0.7
+    assert verdict(summary, {}, "sae_changed")["trust"].startswith("SAE")
+    assert "nothing says" in verdict({}, {}, "sae_changed")["trust"]

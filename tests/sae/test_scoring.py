@@ -17,6 +17,18 @@ def test_node_scores_by_hand():
     assert s.count.tolist() == [0, 2, 1]
     # head 1: P = {5, 6}, N = {9}: 2 of 3 distinct codes; head 2: P = {7, 8}, N = {7, 9}: 1 of 3
     assert np.allclose(s.normalised, [0, 2 / 3, 1 / 3])
+    # share of positive prompts whose code no negative has: head 1 all three, head 2 one (8)
+    assert np.allclose(s.pos_only, [0, 1, 1 / 3])
+    assert np.isnan(s.changed).all()  # 3 positives, 2 negatives: no pairs
+
+
+def test_changed_counts_pairs_whose_code_moves():
+    pos = np.array([[1, 5], [1, 6], [2, 6], [3, 3]])
+    neg = np.array([[1, 6], [1, 5], [2, 6], [4, 3]])
+    s = scoring.node_scores(pos, neg)
+    # head 0 moves in pair 3 only; head 1 in pairs 0 and 1, though P and N hold the same codes
+    assert np.allclose(s.changed, [1 / 4, 2 / 4])
+    assert s.count.tolist() == [1, 0]
 
 
 def test_edge_scores_by_hand():
