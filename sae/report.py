@@ -421,7 +421,7 @@ def print_summary(path: Path, print_table: Callable, top: int = 15) -> None:
     df = done.scores().df.pivot_table(index=["layer", "head"], columns="metric", values="value")
     rule_key = auc.get("node_rule", "sae_node")
     df = df.sort_values([rule_key, "sae_node"], ascending=False).head(top).reset_index()
-    print_table(df, title=f"heads by {METHOD_NAMES[rule_key]}")
+    print_table(df, title=f"heads by SAE node score ({METHOD_NAMES[rule_key]})")
     t = m["timings"]
     line = ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
     print(f"timings: {line}")
