@@ -30,22 +30,32 @@ def add_parser(sub) -> None:
     g.add_argument("--task", default="ioi", choices=["ioi", "greater-than", "docstring"])
     g.add_argument("--task-file", help="your own prompt pairs (JSONL); overrides --task")
     g.add_argument("--pairs", type=int, default=32, help="prompt pairs generated for a task")
-    g = p.add_argument_group("SAE (defaults: the paper's)")
+    g = p.add_argument_group(
+        "SAE (defaults: chosen on SmolLM2-135M, docs/circuits.md; the paper's: --sae-examples 10 "
+        "--position mean --head-norm none --dict-size 200)"
+    )
     g.add_argument("--trials", type=int, default=10, help="SAE runs, one seed each")
-    g.add_argument("--sae-examples", type=int, default=10, help="prompts each SAE trains on")
+    g.add_argument(
+        "--sae-examples", type=int, help="prompts each SAE trains on (default: all of a trial's)"
+    )
     g.add_argument(
         "--subsample", type=float, default=0.5, help="share of the pairs each trial scores on"
     )
-    g.add_argument("--position", default="mean", choices=["mean", "last"])
+    g.add_argument("--position", default="last", choices=["mean", "last"])
     g.add_argument(
         "--head-norm",
-        default="none",
+        default="center",
         choices=["none", "center", "standardize"],
-        help="per-head preprocessing before the SAE: none (the paper's), center, or standardize "
-        "(centre, then scale each head to unit mean norm; not in the paper)",
+        help="per-head preprocessing before the SAE: none (the paper's), center (minus the "
+        "head's mean), or standardize (centre, then scale each head to unit mean norm)",
     )
-    g.add_argument("--dict-size", type=int, default=200)
-    g.add_argument("--l1", type=float, help="sparsity coefficient (0.05 for docstring, else 0.02)")
+    g.add_argument("--dict-size", type=int, default=800)
+    g.add_argument(
+        "--l1",
+        type=float,
+        default=0.02,
+        help="sparsity coefficient (the paper: 0.05 for docstring)",
+    )
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--epochs", type=int, default=500)
     g.add_argument("--edge-top-fraction", type=float, default=0.5)
@@ -69,7 +79,8 @@ def add_parser(sub) -> None:
     g.add_argument(
         "--circuit-threshold",
         type=float,
-        help="circuit = heads whose normalised node score is above",
+        help="circuit = heads whose node-rule score (default: share of pairs whose code "
+        "changes) is above",
     )
     g.add_argument("--batch-size", type=int, default=8, help="prompt pairs per forward pass")
     g.add_argument("--top", type=int, default=15, help="heads printed")
@@ -92,7 +103,6 @@ def parameters(args: argparse.Namespace) -> dict:
     """What decides the numbers of a run (a resumed run must match them)."""
     from pathlib import Path
 
-    l1 = args.l1 if args.l1 is not None else (0.05 if args.task == "docstring" else 0.02)
     return {
         "model": args.model,
         "dtype": args.dtype,
@@ -105,7 +115,7 @@ def parameters(args: argparse.Namespace) -> dict:
         "position": args.position,
         "head_norm": args.head_norm,
         "dict_size": args.dict_size,
-        "l1": l1,
+        "l1": args.l1,
         "lr": args.lr,
         "epochs": args.epochs,
         "edge_top_fraction": args.edge_top_fraction,
