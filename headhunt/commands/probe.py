@@ -28,13 +28,15 @@ def add_parser(sub) -> None:
     p = common.add_command(
         sub,
         "probe",
-        "linear probes on residual-stream states, per layer, with Hewitt & Liang controls",
+        "linear probes on residual-stream states, per layer, with controls chosen per target",
         description=(
             "Capture the residual stream after every layer at a target's positions (sharded "
             "on disk, resumable), fit a standardised logistic (or ridge) probe per layer with "
             "its regularisation cross-validated over training texts, test on held-out texts, "
-            "and compare with a control task (random labels per token type) and shuffled "
-            "labels. Writes scores.parquet (metric per layer; head = kv_head = -1 for the "
+            "and compare with controls: labels moved among rows of the same token type "
+            "(within_type), shuffled labels, and on request Hewitt & Liang's random label per "
+            "type (control); selectivity is measured against the target's informative one. "
+            "Writes scores.parquet (metric per layer; head = kv_head = -1 for the "
             "residual stream), probe_curve.html, probe_weights.safetensors, rows.parquet and "
             "the states."
         ),
@@ -120,9 +122,9 @@ def add_parser(sub) -> None:
     f.add_argument(
         "--controls",
         type=common.comma_list(str, "control"),
-        default=["control", "shuffled"],
-        help="controls to fit: control (Hewitt & Liang, gives selectivity), shuffled, "
-        "within_type, or none",
+        default=["within_type", "shuffled"],
+        help="controls to fit: within_type, shuffled, control (Hewitt & Liang), or none; "
+        "selectivity is always against the target's informative control (fitted anyway)",
     )
     p.set_defaults(func=run)
 
@@ -270,13 +272,15 @@ def run(args: argparse.Namespace) -> int:
             "task": target.task,
             "classes": target.classes,
             "control_types": target.types,
+            "control": target.control,
+            "control_why": target.control_why,
             "n_types": int(len(np.unique(types))),
             "n_texts": len(target.texts),
             "n_rows": int(len(labels)),
             **target.params,
         },
         "capture": store.meta,
-        "probe": config.to_dict(),
+        "probe": prober.config.to_dict(),  # selectivity_vs resolved ("auto" -> the control)
     }
     out = run_dir.finalize(
         model=model.describe(),
@@ -285,8 +289,30 @@ def run(args: argparse.Namespace) -> int:
         extra=extra,
     )
     _print(linear.to_scores(results, model.group_size).df, config.score_name)
+    print(selectivity_note(results, prober.config, target))
     print(f"run directory: {out}")
     return 0
+
+
+def selectivity_note(results, config, target) -> str:
+    """Which control selectivity is measured against and why, and what it says at the best
+    layer (or why no positive selectivity is to be expected there)."""
+    resid = [r for r in results if r.head < 0 and "selectivity" in r.metrics]
+    if not resid:
+        return "no selectivity (no control fitted)"
+    best = max(resid, key=lambda r: r.metrics[config.score_name])
+    sel = best.metrics["selectivity"]
+    line = (
+        f"selectivity = {config.score_name} - {config.selectivity_vs}"
+        f" ({target.control_why or 'the target names no reason'}); "
+        f"best layer {best.layer}: {sel:+.3f}"
+    )
+    if sel <= 0:
+        line += (
+            " - not positive: at the best layer the probe does no better than on labels that "
+            "lack the property, so nothing says this layer holds it"
+        )
+    return line
 
 
 def _unit_name(layer: int, head: int) -> str:
