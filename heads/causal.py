@@ -110,12 +110,14 @@ class MaskingCheck:
         *,
         done: Mapping[str, T] | None = None,
         on_condition: Callable[[str, T], None] | None = None,
+        progress: bool = True,
     ) -> dict[str, T]:
         """``measure(heads)`` (the behaviour with those heads masked) for each condition not in
         ``done`` (results of an interrupted run), in order; ``on_condition(name, result)`` after
         each one (to save it)."""
         results = dict(done or {})
-        for name, heads in tqdm(self.conditions().items(), desc="masking", unit="cond"):
+        conditions = self.conditions().items()
+        for name, heads in tqdm(conditions, desc="masking", unit="cond", disable=not progress):
             if name in results:
                 continue
             results[name] = measure(heads)

@@ -527,7 +527,7 @@ def masking_check(
         hooks = [HeadMask(hs, mode)] if hs else []  # type: ignore[arg-type]
         return run_mqar(model, probe, batch_size=batch_size, hooks=hooks)
 
-    res = check.run(acc)
+    res = check.run(acc, progress=False)
     base, masked = res["baseline"], res["top"]
     rand = [res[f"random{i}"] for i in range(n_random)]
     heads, sets = check.heads, check.random_sets
