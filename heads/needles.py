@@ -17,6 +17,11 @@ from pathlib import Path
 from headhunt.errors import HeadhuntError
 
 DIGITS = "0123456789"
+# Tokens that end a sentence (Latin and CJK full-width marks): a needle is inserted after one.
+SENTENCE_ENDS = (".", "!", "?", "\u3002", "\uff01", "\uff1f", "\u2026")
+# The largest shift, as a share of the haystack stretch, from the requested depth back to the
+# sentence end the needle is placed after; past it the trial would not be at its depth.
+MAX_SENTENCE_SHIFT = 0.5
 CITIES = [
     "Lisbon",
     "Oslo",
@@ -198,12 +203,16 @@ class TrialBuilder:
     def __init__(self, tokenizer, haystack: str, *, chat: bool | None = None):
         self.tok = tokenizer
         self.hay = self._encode(haystack)
-        pieces = tokenizer.convert_ids_to_tokens(sorted(set(self.hay)))
-        ends = {
-            i
-            for i, p in zip(sorted(set(self.hay)), pieces, strict=True)
-            if _ends_sentence(tokenizer, i, p)
-        }
+        vocab = sorted(set(self.hay))
+        texts = {i: tokenizer.decode([i]) for i in vocab}
+        ends = {i for i, t in texts.items() if _ends_sentence(t)}
+        if not ends:  # unpunctuated text: paragraphs and lines are the only boundaries left
+            ends = {i for i, t in texts.items() if "\n" in t}
+        if not ends:
+            raise HeadhuntError(
+                "the haystack has no sentence ends (" + " ".join(SENTENCE_ENDS) + ") and no "
+                "line breaks: a needle could only go before the first token, whatever the depth"
+            )
         # Insert positions: just after a sentence end, as the reference moves the needle back to.
         self.starts = [0] + [i + 1 for i, t in enumerate(self.hay) if t in ends]
         self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
@@ -249,14 +258,21 @@ class TrialBuilder:
         want = round(depth * n_hay)
         local = [p - start for p in self.starts if start <= p <= start + want]
         insert = max(local) if local else 0
+        if want - insert > MAX_SENTENCE_SHIFT * n_hay:
+            raise HeadhuntError(
+                f"no sentence end within {MAX_SENTENCE_SHIFT:.0%} of the stretch before depth "
+                f"{depth:.0%} of a {length}-token trial (the needle would sit at "
+                f"{insert / n_hay:.0%}): use a haystack with shorter sentences or longer --lengths"
+            )
         ids = before + hay[:insert] + needle_ids + hay[insert:] + after
         base = len(before) + insert
         return Trial(trial_id, length, depth, needle.name, answer, ids, (base + s, base + e))
 
 
-def _ends_sentence(tok, token_id: int, piece: str) -> bool:
-    text = tok.decode([token_id]).strip()
-    return text.endswith((".", "!", "?")) and len(text) <= 3
+def _ends_sentence(token_text: str) -> bool:
+    """A short token ending in a sentence mark (a long one is a word such as "e.g.")."""
+    text = token_text.strip()
+    return text.endswith(SENTENCE_ENDS) and len(text) <= 3
 
 
 def rouge1_recall(reference: str, response: str) -> float:
