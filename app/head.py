@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from headhunt import inspect as hi
-from headhunt.app import data
+from headhunt.app import data, jobs
 from headhunt.app.views import Context, chosen_view, no_runs_message, scores_or_error
 from headhunt.errors import HeadhuntError
 
@@ -58,6 +61,12 @@ def head_detail_page(ctx: Context) -> None:
     else:
         st.subheader("Scores")
         st.dataframe(table, hide_index=True)
+        st.caption(
+            "rank: among all heads for the same metric and keys (1 = highest; tied heads share "
+            "a rank, `tied` counts them); no rank where every head has the same value."
+        )
+        with st.expander("what these metrics mean"):
+            st.markdown("\n".join(f"- {hi.describe(m)}" for m in dict.fromkeys(table["metric"])))
     _spread(ctx, layer, head)
     if ctx.entry.method == "retrieval":
         _needle(ctx, layer, head)
@@ -72,20 +81,32 @@ def _spread(ctx: Context, layer: int, head: int) -> None:
         st.caption("This run keeps no per-trial or per-text records for a spread.")
         return
     st.subheader("Spread across trials / texts")
+    left_out = int((~df["counted"]).sum() // max(1, df["metric"].nunique()))
+    by_source = (df["source"] != "").any()
+    st.caption(
+        "Each point is one unit the head's score averages; the table's mean is the score. "
+        + (
+            f"{left_out} trial(s) the model answered wrong get a box of their own and are left "
+            "out of the table, as they are left out of the score."
+            if left_out
+            else ""
+        )
+        + (" N-gram scores are computed per input kind: one box each." if by_source else "")
+    )
+    shown = df.assign(kind=np.where(df["counted"], "counted", "not counted (wrong answer)"))
     fig = px.box(
-        df,
+        shown,
+        x="source" if by_source else ("kind" if left_out else None),
         y="value",
         facet_col="metric",
         points="all",
         hover_data=["unit"],
-        color="counted" if "counted" in df.columns else None,
     )
     fig.update_yaxes(matches=None, showticklabels=True)
     fig.for_each_annotation(lambda a: a.update(text=a.text.removeprefix("metric=")))
     fig.update_layout(height=360)
     st.plotly_chart(fig, key="spread")
-    summary = df.groupby("metric")["value"].agg(["count", "mean", "std", "min", "max"])
-    st.dataframe(summary)
+    st.dataframe(hi.spread_summary(df), hide_index=True)
 
 
 def _needle(ctx: Context, layer: int, head: int) -> None:
@@ -188,12 +209,13 @@ def interventions_page(ctx: Context) -> None:
         top = hi.top_heads(scores, view, 20)
         options = [f"{r.layer}-{r.head}" for r in top.itertuples()]
         values = {f"{r.layer}-{r.head}": r.value for r in top.itertuples()}
+    run_key = str(ctx.entry.path)
     picked = st.multiselect(
         "heads from the run's top heads",
         options,
         default=options[: min(3, len(options))],
         format_func=lambda h: f"{h} ({values[h]:.3g})",
-        key="iv_top",
+        key=f"iv_top::{run_key}",  # one picker per run: another run's heads never carry over
     )
     typed = st.text_input("or type heads (LAYER-HEAD, comma separated)", "", key="iv_typed")
     try:
@@ -218,31 +240,93 @@ def interventions_page(ctx: Context) -> None:
     )
     spec = model_spec(ctx)
     label = ", ".join(f"{a}-{b}" for a, b in heads) or "no heads"
+    request = Request(
+        run_key,
+        spec,
+        tuple(heads),
+        how,
+        mode if how == "mask" else None,
+        float(beta) if how == "act" else None,
+        needle,
+        int(length),
+        float(depth),
+        int(seed),
+        bool(control),
+    )
     if st.button(f"Answer before and after ({label})", key="iv_go", disabled=not heads):
         model = _load_model(spec)
         if model is None:
             return
-        try:
-            with st.spinner("decoding twice ..."), data.model_lock(spec):
-                trial = hi.needle_trial(
-                    model, length=int(length), depth=float(depth), needle=needle, seed=int(seed)
-                )
-                kw = {"mask_mode": mode, "act_beta": float(beta)}
-                answers = list(hi.compare_answers(model, trial, heads, how, **kw))
-                if control:
-                    rand = hi.random_heads_like(model, heads, seed=int(seed))
-                    answers.append(hi.answer_needle(model, trial, heads=rand, how=how, **kw))
-        except HeadhuntError as e:
-            st.error(str(e))
-            return
-        tail = model.tokenizer.decode(trial.input_ids[-40:])
-        st.session_state["intervention"] = (spec, trial.id, trial.answer, tail, answers)
-    got = st.session_state.get("intervention")
-    if got is None:
-        st.caption(f"Runs `{spec}` on demand (greedy decoding) when you press the button.")
+        jobs.start(
+            "intervention", request, request.steps(), lambda job: _answer(model, request, job)
+        )
+    _show_intervention(request)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything an intervention's result depends on: its key in the session's jobs."""
+
+    run: str
+    spec: str
+    heads: tuple[tuple[int, int], ...]
+    how: str
+    mode: str | None
+    beta: float | None
+    needle: str
+    length: int
+    depth: float
+    seed: int
+    control: bool
+
+    def steps(self) -> list[str]:
+        names = ["waiting for the model", "answer before", f"answer after ({self.how})"]
+        return names + (["answer with random heads (control)"] if self.control else [])
+
+
+def _answer(model, r: Request, job: jobs.Job) -> tuple:
+    """The job's work (in a background thread): build the trial, decode before, after and
+    the control, marking each step."""
+    kw = {"mask_mode": r.mode or "query", "act_beta": r.beta if r.beta is not None else 0.4}
+    with data.model_lock(r.spec):
+        job.step()
+        trial = hi.needle_trial(model, length=r.length, depth=r.depth, needle=r.needle, seed=r.seed)
+        answers = [hi.answer_needle(model, trial, **kw)]
+        job.step()
+        answers.append(hi.answer_needle(model, trial, heads=r.heads, how=r.how, **kw))
+        job.step()
+        if r.control:
+            rand = hi.random_heads_like(model, r.heads, seed=r.seed)
+            answers.append(hi.answer_needle(model, trial, heads=rand, how=r.how, **kw))
+            job.step()
+    tail = model.tokenizer.decode(trial.input_ids[-40:])
+    return trial.id, trial.answer, tail, answers
+
+
+def _show_intervention(request: Request) -> None:
+    job = jobs.find("intervention", request)
+    if job is None:
+        other = jobs.running_elsewhere("intervention", request)
+        if other is not None:
+            st.info(
+                "An intervention for other settings (run, heads or prompt) is still running "
+                f"({other.status}); its result is kept for those settings."
+            )
+        st.caption(
+            f"Runs `{request.spec}` on demand (greedy decoding) when you press the button; a "
+            "result is shown only for the settings that produced it."
+        )
         return
-    spec_, tid, answer, tail, answers = got
-    st.markdown(f"**Trial** `{tid}` on `{spec_}`; the needle's answer: `{answer}`")
+    if job.running:
+        _wait(job)
+        return
+    if job.error is not None:
+        st.error(job.error)
+        return
+    tid, answer, tail, answers = job.result
+    st.markdown(
+        f"**Trial** `{tid}` on `{request.spec}`; the needle's answer: `{answer}` ({job.status})"
+    )
     titles = ["Before", "After", "Control: random heads"]
     for col, a, title in zip(st.columns(len(answers)), answers, titles, strict=False):
         col.markdown(f"#### {title}: {a.condition}")
@@ -252,6 +336,15 @@ def interventions_page(ctx: Context) -> None:
         col.markdown(f"answer recall (ROUGE-1) **{a.recall:.2f}**: {verdict}")
     with st.expander("end of the prompt"):
         st.code(tail, language=None, wrap_lines=True)
+
+
+@st.fragment(run_every=1.0)
+def _wait(job: jobs.Job) -> None:
+    """Progress of a running job, redrawn every second; the whole page reruns when it ends."""
+    if not job.running:
+        st.rerun()
+    st.progress(job.done / len(job.steps), text=job.status)
+    st.caption("You can leave this page: the computation goes on and its result waits here.")
 
 
 def _how_label(how: str) -> str:

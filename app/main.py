@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.app.head import head_detail_page, interventions_page
 from headhunt.app.views import PAGES, Context, circuits_page, heads_map_page, runs_page
@@ -53,7 +54,11 @@ def _sidebar() -> Context:
     names = {str(e.path): e.name for e in ok}
     wanted = st.session_state.pop("_url_run", None)
     if wanted is not None:
-        st.session_state["run"] = next((p for p in paths if names[p] == wanted), None)
+        found, problem = hi.find_entry(entries, wanted)
+        st.session_state["run"] = str(found.path) if found is not None else None
+        if problem is not None:
+            fallback = paths[0] if paths else None
+            st.session_state["_link_problem"] = (problem, fallback)
     if st.session_state.get("run") not in paths:
         st.session_state["run"] = paths[0] if paths else None
     path = sb.selectbox(
@@ -62,6 +67,9 @@ def _sidebar() -> Context:
         format_func=lambda p: f"{names[p]} ({next(e.method for e in ok if str(e.path) == p)})",
         key="run",
     )
+    problem = hi.runs_root_problem(root)
+    if problem is not None:
+        sb.error(problem)
     bad = len(entries) - len(ok)
     if bad:
         sb.caption(f"{bad} run folder(s) cannot be shown: see the Runs page.")
@@ -89,11 +97,26 @@ def _sidebar() -> Context:
     return Context(root=root, entries=entries, entry=entry, layer=int(layer), head=int(head))
 
 
+def _link_warning(ctx: Context) -> None:
+    """A link that named a missing or broken run says so while the fallback run is shown."""
+    got = st.session_state.get("_link_problem")
+    if got is None:
+        return
+    problem, fallback = got
+    shown = str(ctx.entry.path) if ctx.entry is not None else None
+    if shown != fallback:  # the user picked a run: the link no longer matters
+        del st.session_state["_link_problem"]
+        return
+    instead = f" Showing `{ctx.entry.name}` instead." if ctx.entry is not None else ""
+    st.warning(f"The link asked for a run that cannot be opened: {problem}.{instead}")
+
+
 def main() -> None:
     st.set_page_config(page_title="headhunt", page_icon=":mag:", layout="wide")
     _from_url()
     ctx = _sidebar()
     page = st.session_state.get("page", PAGES[0])
+    _link_warning(ctx)
     try:
         RENDER[page](ctx)
     except HeadhuntError as e:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.errors import HeadhuntError
-from headhunt.plots import head_heatmap
+from headhunt.plots import head_heatmap, layer_lines, status_map
 
 PAGES = ["Runs", "Heads map", "Head detail", "Interventions", "Circuits"]
 
@@ -39,6 +40,14 @@ def go_to(page: str, **state) -> None:
 
 
 def no_runs_message(root: str) -> None:
+    problem = hi.runs_root_problem(root)
+    if problem is not None:
+        st.error(
+            f"{problem[0].upper()}{problem[1:]}. Fix the runs folder in the sidebar (or start "
+            "the app with `headhunt app --runs DIR`), or make a first run there:"
+        )
+        st.code(hi.HOW_TO_MAKE_A_RUN, language="bash")
+        return
     st.info(f"No runs found in `{root}`. Make one with the CLI, then press **Reload runs**:")
     st.code(hi.HOW_TO_MAKE_A_RUN, language="bash")
     st.caption(
@@ -62,8 +71,8 @@ def scores_or_error(entry: hi.RunEntry):
 # --------------------------------------------------------------------------- Runs
 
 
-def _on_runs_table(paths: list[str]) -> None:
-    rows = st.session_state["runs_table"]["selection"]["rows"]
+def _on_runs_table(paths: list[str], key: str) -> None:
+    rows = st.session_state[key]["selection"]["rows"]
     if rows and paths[rows[0]]:
         st.session_state["run"] = paths[rows[0]]
 
@@ -75,13 +84,21 @@ def runs_page(ctx: Context) -> None:
         return
     table = hi.run_table(ctx.entries)
     paths = [str(e.path) if e.ok else "" for e in ctx.entries]
-    st.caption(f"{len(ctx.ok_entries)} run(s) in `{ctx.root}`; select a row to open it.")
+    current = str(ctx.entry.path) if ctx.entry is not None else ""
+    table.insert(0, "open", ["\u25b6" if p and p == current else "" for p in paths])
+    st.caption(
+        f"{len(ctx.ok_entries)} run(s) in `{ctx.root}`; select a row to open it (\u25b6 marks "
+        "the open run, the one chosen in the sidebar)."
+    )
+    # The table's selection is keyed by the open run: when the sidebar opens another run, a
+    # fresh table is drawn (no tick left on the previous run), and any row can be clicked.
+    key = f"runs_table::{current}"
     st.dataframe(
         table.drop(columns=["path"]),
         hide_index=True,
-        on_select=lambda: _on_runs_table(paths),
+        on_select=lambda: _on_runs_table(paths, key),
         selection_mode="single-row",
-        key="runs_table",
+        key=key,
     )
     for e in ctx.entries:
         if not e.ok:
@@ -112,7 +129,7 @@ def _compare(ctx: Context) -> None:
     if not others:
         return
     st.subheader("Compare with another run")
-    names = {str(e.path): e.name for e in others}
+    names = {str(e.path): f"{e.name} ({e.method})" for e in others}
     other = st.selectbox(
         "second run",
         [None, *names],
@@ -131,31 +148,51 @@ def _compare(ctx: Context) -> None:
     sa, sb = scores_or_error(ctx.entry), scores_or_error(b)
     if sa is None or sb is None:
         return
-    common = {v.label: v for v in hi.metric_views(sa)}
-    common = {k: v for k, v in common.items() if k in {w.label for w in hi.metric_views(sb)}}
-    if not common:
-        st.caption("the two runs share no metric")
+    views_a, views_b = hi.metric_views(sa), hi.metric_views(sb)
+    if not views_a or not views_b:
+        st.caption("one of the runs has no per-head scores to compare")
         return
-    label = st.selectbox("metric to compare", list(common), key="compare_metric")
+    # Two runs of different methods still share the model's heads: each side picks its metric.
+    left, right = st.columns(2)
+    with left:
+        va = chosen_view(ctx.entry, views_a, f"metric of {ctx.entry.name}", key="cmp_a")
+    labels_b = [v.label for v in views_b]
+    same = va.label if va.label in labels_b else None
+    start_b = same or (hi.default_view(b.method, views_b) or views_b[0]).label
+    vb = views_b[
+        labels_b.index(
+            right.selectbox(
+                f"metric of {b.name}",
+                labels_b,
+                index=labels_b.index(start_b),
+                key=f"cmp_b::{b.path}",
+            )
+        )
+    ]
     try:
-        df, rho = hi.compare_runs(sa, sb, common[label])
+        df, rho = hi.compare_runs(sa, sb, va, vb)
     except HeadhuntError as e:
         st.warning(str(e))
         return
     left, right = st.columns(2)
-    left.plotly_chart(head_heatmap(hi.view_matrix(sa, common[label]), ctx.entry.name, label))
-    right.plotly_chart(head_heatmap(hi.view_matrix(sb, common[label]), b.name, label))
+    left.plotly_chart(head_heatmap(hi.view_matrix(sa, va), ctx.entry.name, va.label), key="cmp_ma")
+    right.plotly_chart(head_heatmap(hi.view_matrix(sb, vb), b.name, vb.label), key="cmp_mb")
+    shared = df.attrs["shared_top"]
+    st.markdown(
+        f"**Heads in both top-10 lists** ({len(shared)}): "
+        + (", ".join(f"{la}-{h}" for la, h in shared) or "none")
+    )
     st.caption(
         "rank correlation over heads (Spearman): "
         + ("not defined (too few varying values)" if rho is None else f"{rho:.3f}")
     )
+    both = df.dropna(subset=["a", "b"]).sort_values("rank a").head(20)
+    st.dataframe(
+        both.rename(columns={"a": va.label, "b": vb.label + " "}), hide_index=True, key="cmp_table"
+    )
 
 
 # --------------------------------------------------------------------------- Heads map
-
-
-def _view_key(entry: hi.RunEntry) -> str:
-    return f"view::{entry.path}"
 
 
 def _on_heatmap() -> None:
@@ -196,10 +233,12 @@ def clickable(fig):
     return fig
 
 
-def chosen_view(entry: hi.RunEntry, views: list[hi.MetricView], label: str = "metric"):
-    """A metric picker whose choice survives page changes (kept per run)."""
+def chosen_view(
+    entry: hi.RunEntry, views: list[hi.MetricView], label: str = "metric", key: str = "view"
+):
+    """A metric picker whose choice survives page changes (kept per run and per ``key``)."""
     labels = [v.label for v in views]
-    key = _view_key(entry)
+    key = f"{key}::{entry.path}"
     default = hi.default_view(entry.method, views)
     current = st.session_state.get(key, default.label if default else labels[0])
     index = labels.index(current) if current in labels else 0
@@ -222,28 +261,46 @@ def heads_map_page(ctx: Context) -> None:
         st.warning("This run has no per-head scores (only per-layer values).")
     else:
         view = chosen_view(ctx.entry, views)
-        matrix = hi.view_matrix(scores, view)
-        fig = clickable(head_heatmap(matrix, f"{view.label}: {ctx.entry.name}", view.metric))
-        st.plotly_chart(
-            fig,
-            on_select=_on_heatmap,
-            selection_mode="points",
-            key="heatmap",
-        )
-        st.caption("Click a cell (or a row below) to open that head's detail.")
-        top = hi.top_heads(scores, view, 15)
-        st.markdown(f"**Top heads by {view.label}**")
-        st.dataframe(
-            top,
-            hide_index=True,
-            on_select=lambda: _on_top_table(top),
-            selection_mode="single-row",
-            key="top_table",
-        )
+        st.caption(hi.describe(view.metric))
+        _head_map(ctx, scores, view)
     if len(layer_rows):
         st.markdown("**Per-layer values**")
-        wide = layer_rows.pivot_table(index="layer", columns="metric", values="value")
-        st.line_chart(wide)
+        for metric in dict.fromkeys(layer_rows["metric"]):
+            st.caption(hi.describe(metric))
+        st.plotly_chart(layer_lines(layer_rows), key="layer_lines")
+
+
+def _head_map(ctx: Context, scores, view: hi.MetricView) -> None:
+    """The view as a clickable map and its top heads, or why it is not a map."""
+    state = hi.view_state(scores, view)
+    if state.kind != "map":
+        st.info(state.message)
+        return
+    matrix = hi.view_matrix(scores, view)
+    fig = clickable(head_heatmap(matrix, f"{view.label}: {ctx.entry.name}", view.metric))
+    st.plotly_chart(fig, on_select=_on_heatmap, selection_mode="points", key="heatmap")
+    missing = int(np.isnan(matrix).sum())
+    st.caption(
+        "Click a cell (or a row below) to open that head's detail."
+        + (f" {missing} head(s) have no value (blank cells)." if missing else "")
+    )
+    top = hi.top_heads(scores, view, 15)
+    st.markdown(f"**Top heads by {view.label}**")
+    st.dataframe(
+        top,
+        hide_index=True,
+        on_select=lambda: _on_top_table(top),
+        selection_mode="single-row",
+        key="top_table",
+    )
+    tied = top[top["tied"] > 1]
+    if len(tied):
+        st.caption(
+            "Tied heads share the rank of their tie (`tied` = heads with that value): "
+            + "; ".join(
+                f"{n} heads at {v:.6g}" for v, n in tied.groupby("value")["tied"].first().items()
+            )
+        )
 
 
 # --------------------------------------------------------------------------- Circuits
@@ -300,6 +357,8 @@ def circuits_page(ctx: Context) -> None:
         from headhunt.sae.roc import roc_figure
 
         st.plotly_chart(roc_figure(cv.curves, "ROC of each method's trial-mean head score"))
+    if cv.auc or cv.curves:
+        st.caption(hi.AUC_NOTE)
     for note in cv.notes:
         st.caption(note)
     metrics = [c for c in ("sae_node", "sae_edge", "patching", "eap") if c in cv.table.columns]
@@ -313,21 +372,48 @@ def circuits_page(ctx: Context) -> None:
     if cv.circuit:
         heads = ", ".join(f"{a}-{b}" for a, b in cv.circuit.get("heads", []))
         st.markdown(f"**Circuit** ({cv.circuit.get('rule')}): {heads or 'none'}")
+        _truth_vs_circuit(entry, cv)
     if cv.edges is not None and len(cv.edges):
-        st.markdown("**Best head pairs by SAE edge score** (mean over trials)")
-        edges = (
-            cv.edges.groupby(["head_a", "head_b"])["edge"]
-            .agg(["mean", "count"])
-            .sort_values("mean", ascending=False)
-            .head(20)
-            .reset_index()
+        edges = hi.edge_table(cv.edges, 20)
+        st.markdown(
+            "**Best head pairs by SAE edge score** (mean over the trials that list the pair; "
+            "each trial lists its best 100)"
         )
         st.dataframe(edges, hide_index=True)
+        ties = edges[edges["tied"] > 1]
+        if len(ties):
+            st.caption(
+                "Pairs with the same mean share a rank (`tied` = pairs at that value); their "
+                "order in the table is alphabetical, not a ranking: "
+                + "; ".join(
+                    f"{n} pairs tie at {v:.6g}"
+                    for v, n in ties.groupby("mean")["tied"].first().items()
+                )
+            )
     with st.expander("every head's scores"):
         st.dataframe(cv.table, hide_index=True)
     if cv.auc:
         with st.expander("auc.json"):
             st.code(json.dumps(cv.auc, indent=1)[:20000], language="json")
+
+
+def _truth_vs_circuit(entry: hi.RunEntry, cv: hi.CircuitView) -> None:
+    """Which ground-truth heads the circuit found, and which of its heads are not true."""
+    scores = data.scores(entry.path)
+    table = hi.truth_vs_circuit(scores, cv.circuit)
+    if table.empty:
+        st.caption("no ground truth in this run: nothing to compare the circuit with")
+        return
+    shape = entry.run.manifest.get("model", {})
+    n_layers = int(shape.get("n_layers") or table["layer"].max() + 1)
+    n_heads = int(shape.get("n_heads") or table["head"].max() + 1)
+    st.markdown(f"**Ground truth vs circuit**: {hi.overlap_summary(table)}")
+    st.plotly_chart(
+        status_map(table, n_layers, n_heads, "ground truth vs circuit"), key="truth_vs_circuit"
+    )
+    rule = (cv.auc or {}).get("truth_rule")
+    if rule:
+        st.caption(f"ground truth: {rule}")
 
 
 def hi_label(method: str) -> str:

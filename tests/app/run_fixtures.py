@@ -123,26 +123,40 @@ def ngram_run(out: Path, spec: str) -> Path:
     run = RunDir.open(out, "ngram", parameters={"k_max": 2})
     tables = []
     for source in ("random", "natural"):
-        for i in range(2):
-            run.append_record(
-                {
-                    "n": 20,
-                    "tl_prev": _planted(0.2, seed=i).tolist(),
-                    "tl_dup": _planted(0.1, seed=i).tolist(),
-                    "tl_ind": _planted(0.7, seed=i).tolist(),
-                },
-                f"records-{source}.jsonl",
-            )
-        tables += [
-            HeadScores.from_matrix("induction", _planted(0.7), n_kv_heads=KV, source=source),
-            HeadScores.from_matrix("prev_token", _planted(0.2), n_kv_heads=KV, source=source),
+        shift = 0.1 if source == "natural" else 0.0  # the input kinds score differently
+        records = [
+            {
+                "n": 20,
+                "tl_prev": (_planted(0.2, seed=i) + shift).tolist(),
+                "tl_dup": (_planted(0.1, seed=i) + shift).tolist(),
+                "tl_ind": (_planted(0.7, seed=i) + shift).tolist(),
+            }
+            for i in range(2)
         ]
+        for r in records:
+            run.append_record(r, f"records-{source}.jsonl")
+        # As the analyzer scores them: per input kind, the mean over that kind's sequences.
+        for metric, key in (("induction", "tl_ind"), ("prev_token", "tl_prev")):
+            mean = np.mean([r[key] for r in records], 0)
+            tables.append(HeadScores.from_matrix(metric, mean, n_kv_heads=KV, source=source))
         for k in (1, 2):
-            tables.append(
+            tables += [
                 HeadScores.from_matrix(
                     "kgram_contrast", _planted(0.9 / k), n_kv_heads=KV, source=source, order=k
-                )
-            )
+                ),
+                # A run-level count (the same for every head) and a view no head has a value
+                # in (too few queries with both kinds of keys), as real n-gram runs hold.
+                HeadScores.from_matrix(
+                    "kgram_queries", np.full((L, H), 40.0), n_kv_heads=KV, source=source, order=k
+                ),
+                HeadScores.from_matrix(
+                    "kgram_only_mass",
+                    np.full((L, H), np.nan),
+                    n_kv_heads=KV,
+                    source=source,
+                    order=k,
+                ),
+            ]
     HeadScores.concat(tables).to_parquet(run.path("scores.parquet"))
     return run.finalize(model=_model(spec), parameters={"k_max": 2}, timings={"random_s": 1.0})
 
@@ -186,8 +200,14 @@ def circuits_run(out: Path, spec: str) -> Path:
     }
     run.path("auc.json").write_text(json.dumps(auc))
     run.path("circuit.json").write_text(json.dumps({"rule": "top 2", "heads": [[1, 2], [0, 1]]}))
+    # As sae/report.py writes them ("layer.head"); three pairs tie at 0.5.
     pd.DataFrame(
-        {"trial": [0, 1], "head_a": ["1.2", "1.2"], "head_b": ["0.1", "0.1"], "edge": [0.7, 0.8]}
+        {
+            "trial": [0, 1, 0, 0, 0],
+            "head_a": ["1.2", "1.2", "0.0", "0.0", "0.2"],
+            "head_b": ["0.1", "0.1", "1.0", "1.1", "1.3"],
+            "edge": [0.7, 0.8, 0.5, 0.5, 0.5],
+        }
     ).to_parquet(run.path("edges.parquet"), index=False)
     return run.finalize(
         model=_model(spec),

@@ -127,10 +127,17 @@ def test_views_ranks_and_spread_read_back_what_was_written(tmp_path):
     assert m.shape == (2, 4) and m[PLANTED] == pytest.approx(0.45)
     assert tuple(hi.top_heads(scores, view, 1).loc[0, ["layer", "head"]]) == PLANTED
     table = hi.head_table(scores, *PLANTED)
-    assert (table["rank"] == 1).all() and (table["of"] == 8).all()
+    ranked = table[~table["metric"].isin(["kgram_queries", "kgram_only_mass"])]
+    assert (ranked["rank"] == 1).all() and (ranked["of"] == 8).all()
+    # A count shared by every head ranks none; a view without values counts no head.
+    assert table[table["metric"] == "kgram_queries"]["rank"].isna().all()
+    assert (table[table["metric"] == "kgram_only_mass"]["of"] == 0).all()
     spread = hi.head_spread(run, *PLANTED)
     assert len(spread) == 2 * 2 * 3  # sources x sequences x metrics
-    assert set(spread[spread.metric == "induction"]["value"]) == {0.7}
+    induction = spread[spread.metric == "induction"]
+    assert dict(zip(induction["source"], induction["value"], strict=True)) == pytest.approx(
+        {"random": 0.7, "natural": 0.8}
+    )
 
     rrun = load_run(retrieval_run(tmp_path / "rt", "tiny"))
     trials = hi.needle_trials(rrun, 0, 3)

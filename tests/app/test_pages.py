@@ -5,6 +5,7 @@ unreadable scores file, an unfinished run, and an empty runs folder."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from run_fixtures import PLANTED
@@ -165,12 +166,13 @@ def test_interventions_answer_before_and_after(monkeypatch, runs_root, tiny_fold
     at = start(monkeypatch, runs_root)
     goto(at, "Interventions", run=runs_root / "retrieval-tiny")
     clean(at)
-    picked = at.multiselect(key="iv_top").value
+    picked = at.multiselect(key=f"iv_top::{runs_root / 'retrieval-tiny'}").value
     assert picked[0] == f"{PLANTED[0]}-{PLANTED[1]}" and len(picked) == 3
     at.text_input(key="iv_typed").set_value("0-0").run()
     at.selectbox(key="iv_mode").set_value("output").run()
     at.number_input(key="iv_length").set_value(120).run()
     at.button(key="iv_go").click().run()
+    wait_for_answers(at, 2)
     clean(at)
     heads_md = [m.value for m in at.markdown]
     assert "#### Before: unchanged" in heads_md and "#### After: output mask" in heads_md
@@ -188,6 +190,7 @@ def test_interventions_answer_before_and_after(monkeypatch, runs_root, tiny_fold
     at.radio(key="iv_how").set_value("act").run()
     at.checkbox(key="iv_control").check().run()
     at.button(key="iv_go").click().run()
+    wait_for_answers(at, 3)
     clean(at)
     titles = [m.value for m in at.markdown if m.value.startswith("####")]
     assert titles == [
@@ -202,6 +205,15 @@ def test_interventions_answer_before_and_after(monkeypatch, runs_root, tiny_fold
     assert "outside the model" in at.error[0].value
 
 
+def wait_for_answers(at: AppTest, n: int, timeout: float = 120.0) -> None:
+    """Rerun until the intervention (a background job) shows its ``n`` answers."""
+    deadline = time.monotonic() + timeout
+    while sum(m.value.startswith("#### ") for m in at.markdown) < n:
+        assert time.monotonic() < deadline, [m.value for m in at.markdown]
+        time.sleep(0.3)
+        at.run()
+
+
 def test_circuits_page_shows_auc_roc_and_edges(monkeypatch, runs_root):
     at = start(monkeypatch, runs_root)
     goto(at, "Circuits", run=runs_root / "sinks-tiny")  # the page finds the circuits run
@@ -210,7 +222,7 @@ def test_circuits_page_shows_auc_roc_and_edges(monkeypatch, runs_root):
     assert auc.loc["SAE node |P\\N|", "ROC AUC mean"] == pytest.approx(0.9)
     assert auc.loc["EAP |score|", "per trial"] == "0.950, 0.950"
     assert any("Circuit" in m.value and "1-2, 0-1" in m.value for m in at.markdown)
-    edges = [d.value for d in at.dataframe if "head_a" in d.value.columns][0]
+    edges = [d.value for d in at.dataframe if "pair" in d.value.columns][0]
     assert edges.loc[0, "mean"] == pytest.approx(0.75)
     assert len(at.get("plotly_chart")) >= 2  # ROC curves and head maps
 
