@@ -15,6 +15,7 @@ message for a corrupt or unfinished run) and run short on-demand computations on
 
 from __future__ import annotations
 
+from headhunt.heads.scores import Head, parse_heads
 from headhunt.views.attention import (
     HeadAttention,
     SinkMarks,
@@ -35,12 +36,10 @@ from headhunt.views.circuits import (
 from headhunt.views.glossary import METRICS, MetricInfo, describe, metric_info
 from headhunt.views.interventions import (
     Answer,
-    Head,
     Intervention,
     answer_needle,
     compare_answers,
     needle_trial,
-    parse_heads,
     random_heads_like,
 )
 from headhunt.views.metrics import (

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from headhunt.errors import HeadhuntError
-
-Head = tuple[int, int]
+from headhunt.heads.scores import Head
 
 
 def needle_trial(
@@ -120,20 +119,8 @@ def compare_answers(
 
 def random_heads_like(model, heads: Sequence[Head], seed: int = 0) -> list[Head]:
     """As many random heads as ``heads``, none of them (the control of a masking check)."""
-    from headhunt.heads.causal import random_heads
+    from headhunt.heads.causal import random_head_sets
 
-    return random_heads(model.n_layers, model.n_heads, len(heads), list(heads), random.Random(seed))
-
-
-def parse_heads(text: str, n_layers: int | None = None, n_heads: int | None = None) -> list[Head]:
-    """``"14-3, 20-1"`` -> [(14, 3), (20, 1)], checked against the model's shape when given."""
-    from headhunt.heads.act import parse_heads as _parse
-
-    heads = _parse(text)
-    if n_layers is not None and n_heads is not None:
-        for layer, head in heads:
-            if not (0 <= layer < n_layers and 0 <= head < n_heads):
-                raise HeadhuntError(
-                    f"head {layer}-{head} is outside the model ({n_layers} layers x {n_heads} heads)"
-                )
-    return heads
+    return random_head_sets(
+        model.n_layers, model.n_heads, len(heads), 1, exclude=heads, seed=random.Random(seed)
+    )[0]

@@ -209,6 +209,7 @@ def wait_for_answers(at: AppTest, n: int, timeout: float = 120.0) -> None:
     """Rerun until the intervention (a background job) shows its ``n`` answers."""
     deadline = time.monotonic() + timeout
     while sum(m.value.startswith("#### ") for m in at.markdown) < n:
+        assert not at.error, at.error[0].value
         assert time.monotonic() < deadline, [m.value for m in at.markdown]
         time.sleep(0.3)
         at.run()
