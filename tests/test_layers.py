@@ -22,6 +22,13 @@ ROOT = Path(__file__).parents[1]
 CORE = ("headhunt.errors", "headhunt.heads.scores")
 KERNELS = ("headhunt.kernels",)
 CAPTURE = ("headhunt.probes",)  # model loading, the hooked model, attention hooks, capture
+# Input builders (needle prompts, task items, token sequences): plain data, below capture.
+INPUTS = (
+    "headhunt.heads.needles",
+    "headhunt.heads.tasks",
+    "headhunt.heads.ngram_inputs",
+    "headhunt.sae.tasks",
+)
 ANALYZERS = ("headhunt.heads", "headhunt.sae")
 # The command line: the only place argparse is imported.
 CLI = ("headhunt.cli", "headhunt.commands")
@@ -32,8 +39,7 @@ APP_DOOR = ("headhunt.commands.app",)  # `headhunt app` starts it
 KNOWN = {
     # main() takes the command's argparse Namespace (issue 19: the run engine replaces it).
     ("headhunt.distributed", "argparse"),
-    # Builds probe targets from the needle and MQAR generators, which live in analyzer modules.
-    ("headhunt.probes.targets", "headhunt.heads.needles"),
+    # Builds MQAR probe targets with the MQAR generator, which shares a module with its analyzer.
     ("headhunt.probes.targets", "headhunt.heads.mqar"),
     # The circuits command's run (issue 19: the run engine takes it over).
     ("headhunt.sae.report", "headhunt.rundir"),
@@ -44,11 +50,16 @@ def within(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-# (who, may import only from, what the rule says); None: no restriction.
+# (who, may import only from, what the rule says)
 ALLOWED: list[tuple[tuple[str, ...], tuple[str, ...], str]] = [
     (CORE, CORE, "core types import nothing of headhunt but core types"),
+    (INPUTS, CORE, "input builders import nothing of headhunt but core types"),
     (KERNELS, (*CORE, *KERNELS), "kernels import no other layer"),
-    (CAPTURE, (*CORE, *KERNELS, *CAPTURE), "model/capture code imports no analyzer or run layer"),
+    (
+        CAPTURE,
+        (*CORE, *KERNELS, *CAPTURE, *INPUTS),
+        "model/capture code imports no analyzer or run layer",
+    ),
     (
         ANALYZERS,
         (*CORE, *KERNELS, *CAPTURE, *ANALYZERS),
@@ -195,6 +206,11 @@ def test_every_declared_dependency_is_imported():
         ("headhunt.kernels.api", "from ..probes import hooked", "kernels import no"),
         ("headhunt.inspect", "from headhunt.app import views", "nothing imports the app"),
         ("headhunt.heads.scores", "from headhunt.probes.hooked import HookedModel", "core"),
+        (
+            "headhunt.heads.needles",
+            "from headhunt.heads.scores import Head\nimport headhunt.probes",
+            "input builders",
+        ),
     ],
 )
 def test_the_checker_sees_a_planted_violation(module, source, message):
@@ -207,6 +223,7 @@ def test_the_checker_lets_allowed_imports_pass():
         "headhunt.heads.sinks": "from headhunt.probes.capture import capture_qk\n"
         "from headhunt.heads.scores import HeadScores\nfrom headhunt.kernels import api",
         "headhunt.probes.linear": "from headhunt.heads.scores import HeadScores",
+        "headhunt.probes.targets": "from headhunt.heads.needles import NEEDLES",
         "headhunt.probes.capture": "from headhunt.heads import scores",
         "headhunt.kernels.api": "from .reference import attention_stats_torch",
         "headhunt.commands.app": "import argparse\nfrom headhunt.app import main",
