@@ -47,13 +47,6 @@ def random_head_sets(
     return [sorted(rng.sample(pool, size)) for _ in range(n_sets)]
 
 
-def random_heads(
-    n_layers: int, n_heads: int, k: int, exclude: Sequence[Head], rng: random.Random
-) -> list[Head]:
-    """One set of :func:`random_head_sets` (kept for ``headhunt/inspect.py``, which calls it)."""
-    return random_head_sets(n_layers, n_heads, k, 1, exclude=exclude, seed=rng)[0]
-
-
 @dataclass
 class MaskingCheck:
     """Masking ``heads`` against random sets of as many other heads (Wu et al. 2024's causal
