@@ -37,31 +37,15 @@ from jaxtyping import Float
 from torch import nn
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import attention_modules
 from headhunt.probes.hooked import HookedModel
 
-Head = tuple[int, int]
 CONFIG_KEY = "headhunt_pruning"
 MODEL_TYPE = "headhunt_pruned"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # Parameters an attention module may have besides the projections: shared over heads.
 SHARED = ("q_norm", "k_norm")
-
-
-def parse_heads(text: str, n_layers: int, n_heads: int) -> list[Head]:
-    """``"14-3,20-1"`` -> [(14, 3), (20, 1)], checked against the model's shape."""
-    out = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        try:
-            layer, head = (int(x) for x in item.split("-"))
-        except ValueError:
-            raise HeadhuntError(f"{item!r} is not a LAYER-HEAD pair such as 14-3") from None
-        if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise HeadhuntError(f"head {item} is outside the model ({n_layers}x{n_heads})")
-        out.append((layer, head))
-    if not out:
-        raise HeadhuntError("no heads given")
-    return sorted(set(out))
 
 
 def ranked_heads(
@@ -202,10 +186,8 @@ def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
     if getattr(model.model.config, CONFIG_KEY, None):
         raise HeadhuntError("this model is already pruned; prune the original model instead")
     by_layer: dict[int, set[int]] = {}
-    for layer, head in drop:
-        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-            raise HeadhuntError(f"head {layer}-{head} is outside the model")
-        by_layer.setdefault(int(layer), set()).add(int(head))
+    for layer, head in check_heads(drop, model.n_layers, model.n_heads):
+        by_layer.setdefault(layer, set()).add(head)
     layouts = [
         plan_layout(model.n_heads, model.n_kv_heads, by_layer.get(i, set()))
         for i in range(model.n_layers)

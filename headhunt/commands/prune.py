@@ -64,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
     from headhunt.heads.pruning import (
         heads_to_drop,
         model_size,
-        parse_heads,
         prune_model,
         ranked_heads,
         save_pruned,
     )
+    from headhunt.heads.scores import parse_heads
     from headhunt.rundir import RunDir, load_run, write_json_atomic
 
     if (args.keep is None) == (args.drop_heads is None):
@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     if scores is not None:
         check_scores(scores, ModelShape.of(model.describe()), f"--scores {args.scores}")
     if args.drop_heads is not None:
-        drop = parse_heads(args.drop_heads, model.n_layers, model.n_heads)
+        drop = sorted(set(parse_heads(args.drop_heads, model.n_layers, model.n_heads)))
+        if not drop:
+            raise HeadhuntError("--drop-heads names no head")
     else:
         drop = heads_to_drop(ranked_heads(scores, "top", args.seed), args.keep)
     timings = {"load_model_s": time.perf_counter() - t0}

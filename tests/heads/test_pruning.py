@@ -13,7 +13,6 @@ from headhunt.heads.pruning import (
     is_pruned_folder,
     load_pruned_model,
     model_size,
-    parse_heads,
     plan_layout,
     prune_model,
     ranked_heads,
@@ -118,8 +117,5 @@ def test_rankings_and_head_lists():
     assert ranked_heads(m, "reverse")[-3:] == [(1, 2), (0, 0), (1, 0)]
     assert sorted(ranked_heads(m, "random")) == sorted(ranked_heads(m))
     assert heads_to_drop(ranked_heads(m), 0.5) == sorted(ranked_heads(m)[3:])
-    assert parse_heads("1-2, 0-0", 2, 3) == [(0, 0), (1, 2)]
-    with pytest.raises(HeadhuntError, match="outside"):
-        parse_heads("2-0", 2, 3)
     with pytest.raises(HeadhuntError, match="keep"):
         heads_to_drop(ranked_heads(m), 0)
