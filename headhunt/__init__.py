@@ -6,6 +6,12 @@ The public API gathers the pieces most users need::
     model = hh.load_model("smollm2-135m")
     scores = hh.score_retrieval(model, hh.RetrievalConfig(lengths=[500, 1000]))
     scores.top("retrieval_score", 10)
+
+and one call makes a whole run directory of any method (in-memory model, nothing saved first)::
+
+    from headhunt.methods.sinks import SinksConfig
+    run = hh.run("sinks", SinksConfig(n_texts=2), model=model, out="runs/sinks")
+    run.scores().top("hidden_sink_mass", 5)
 """
 
 from importlib import import_module
@@ -16,6 +22,9 @@ __version__ = "0.1.0"
 # Lazy attributes: `import headhunt` stays fast (no torch) for the CLI's --help and the app.
 _EXPORTS = {
     "HeadhuntError": "headhunt.errors",
+    "run": "headhunt.engine",
+    "ModelSpec": "headhunt.engine",
+    "methods": "headhunt.methods",
     "RunDir": "headhunt.rundir",
     "load_run": "headhunt.rundir",
     "find_runs": "headhunt.rundir",
@@ -30,6 +39,8 @@ _EXPORTS = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "methods":
+        return import_module("headhunt.methods")
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'headhunt' has no attribute {name!r}")

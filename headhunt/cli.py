@@ -1,8 +1,9 @@
 """The `headhunt` command line: one subcommand per method.
 
-Each subcommand lives in ``headhunt/commands/<name>.py`` with ``add_parser(subparsers)``
-(which sets ``func``) and keeps heavy imports (torch, transformers) inside its ``run``, so
-``--help`` stays fast.
+A method in the registry (``headhunt.methods``) gets its subcommand from its config's fields
+(``headhunt/commands/method.py``); the others still live in ``headhunt/commands/<name>.py``
+with ``add_parser(subparsers)`` (which sets ``func``). Heavy imports (torch, transformers) wait
+until a command runs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from headhunt import __version__
 from headhunt.errors import HeadhuntError
-from headhunt.rundir import discard_unstarted_runs
+from headhunt.rundir import discard_unstarted_runs, open_runs, release_runs
 
 COMMANDS = [
     "retrieval",
@@ -50,7 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser
     )
+    from headhunt import methods
+
     for name in COMMANDS:
+        if name in methods.METHODS:  # made by the run engine from the method's config
+            from headhunt.commands import method
+
+            method.add_parser(sub, methods.get(name))
+            continue
         module = f"headhunt.commands.{name}"
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).add_parser(sub)
@@ -64,21 +72,34 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )  # for commands that relaunch themselves
     debug = args.debug or bool(os.environ.get("HEADHUNT_DEBUG"))
+    mark = open_runs()  # runs opened before this command (in a notebook) are not its to touch
     try:
         code = _run(args, debug)
     except BaseException:
-        discard_unstarted_runs()
+        discard_unstarted_runs(mark)
         raise
     if code:
-        discard_unstarted_runs()  # a failed run leaves no empty run folder behind
+        discard_unstarted_runs(mark)  # a failed run leaves no empty run folder behind
+    release_runs(mark)
     return code
+
+
+def _say(line: str) -> None:
+    """Print an error line; a worker rank of a group leaves it to its launcher (one line per
+    failed group, not one per rank)."""
+    if os.environ.get("HEADHUNT_RANK_ERRORS") and os.environ.get("RANK", "0") != "0":
+        from headhunt.distributed import report_rank_error
+
+        report_rank_error(line)
+    else:
+        print(line, file=sys.stderr)
 
 
 def _run(args: argparse.Namespace, debug: bool) -> int:
     try:
         return int(args.func(args) or 0)
     except HeadhuntError as e:
-        print(f"headhunt {args.command}: error: {e}", file=sys.stderr)
+        _say(f"headhunt {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt:
         print(
@@ -89,9 +110,9 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
     except Exception as e:
         if debug:
             raise
-        print(
-            f"headhunt {args.command}: unexpected error: {type(e).__name__}: {e} (rerun with --debug for details)",
-            file=sys.stderr,
+        _say(
+            f"headhunt {args.command}: unexpected error: {type(e).__name__}: {e} "
+            "(rerun with --debug for details)"
         )
         return 1
 

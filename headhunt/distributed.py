@@ -10,8 +10,10 @@ and rank 0 gathers them, in the single-process order, into the one run directory
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -96,16 +98,20 @@ def init() -> Dist:
 def launch(argv: list[str], nproc: int) -> int:
     """Run ``headhunt ARGV`` in ``nproc`` processes on this machine, with the environment
     ``torchrun --standalone`` would give them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT). When one fails, the others are stopped (they would wait for it in the next
-    collective). Returns rank 0's exit status, else the first failure's. Only rank 0 reports
-    errors, in one line (no launcher traceback)."""
+    MASTER_PORT). When one fails, the others get a few seconds to finish or fail on their own
+    (every rank usually meets the same bad input), then are stopped: they would wait for it in
+    the next collective. Ctrl-C, or the launcher's own death, stops every worker. Returns rank
+    0's exit status, else the first failure's. Errors come out in one line: rank 0's, else the
+    first failed rank's (no launcher traceback)."""
     import signal
     import socket
+    import tempfile
     import time
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    errors = Path(tempfile.mkdtemp(prefix="headhunt-ranks-"))
     base = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -113,40 +119,90 @@ def launch(argv: list[str], nproc: int) -> int:
         "MASTER_PORT": str(port),
         "WORLD_SIZE": str(nproc),
         "LOCAL_WORLD_SIZE": str(nproc),
+        "HEADHUNT_RANK_ERRORS": str(errors),
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "headhunt", *argv],
-            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-        )
-        for r in range(nproc)
-    ]
+    procs: list[subprocess.Popen] = []
     try:
+        for r in range(nproc):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "headhunt", *argv],
+                    env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                    preexec_fn=_die_with_parent,
+                )
+            )
+        failed_at = None
         while True:
             codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            if all(c is not None for c in codes):
                 break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+                break
+            time.sleep(0.1)
+    except BaseException:  # Ctrl-C (or anything else) in the launcher: no worker outlives it
+        _stop(procs, signal.SIGINT, 5)
+        shutil.rmtree(errors, ignore_errors=True)
         raise
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    try:
-        for p in procs:
-            p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
+    _stop(procs, signal.SIGTERM, 10)
     codes = [p.wait() for p in procs]
+    lines = {int(f.stem): f.read_text().strip() for f in errors.glob("*.txt")}
+    shutil.rmtree(errors, ignore_errors=True)
     failed = [c for c in codes if c != 0]
     if codes[0] not in (0, -signal.SIGTERM):
         return codes[0]
-    return next((c for c in failed if c != -signal.SIGTERM), failed[0] if failed else 0)
+    code = next((c for c in failed if c != -signal.SIGTERM), failed[0] if failed else 0)
+    if code and lines:  # rank 0 was stopped before it could say why: say it for the rank
+        print(lines[min(lines)], file=sys.stderr)
+    return code
+
+
+FAILURE_GRACE_S = 3.0
+
+
+def _die_with_parent() -> None:
+    """In a worker, before exec: ask Linux to kill it when the launcher dies (even by kill -9)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:  # not Linux: Ctrl-C handling in the launcher still applies
+        pass
+
+
+def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float) -> None:
+    """Send ``sig`` to the workers still running, then kill whichever has not exited in
+    ``wait_s`` seconds."""
+    import time
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def report_rank_error(line: str) -> None:
+    """A worker's one-line error, kept for the launcher (only rank 0 prints its own)."""
+    folder, rank = os.environ.get("HEADHUNT_RANK_ERRORS"), os.environ.get("RANK")
+    if folder and rank is not None:
+        with contextlib.suppress(OSError):
+            (Path(folder) / f"{int(rank)}.txt").write_text(line + "\n")
+
+
+def cpu_limit() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def strip_option(argv: list[str], name: str) -> list[str]:
@@ -162,28 +218,52 @@ def strip_option(argv: list[str], name: str) -> list[str]:
     return out
 
 
+def launch_if_asked(
+    nproc: int, argv: list[str], *, device: str = "auto", device_map: str | None = None
+) -> int | None:
+    """Relaunch ``headhunt ARGV`` (without --nproc) in ``nproc`` processes when that is above 1
+    and this process is not already one of a group; returns the group's exit status, or None
+    when this process is to do the work itself."""
+    from headhunt.errors import HeadhuntError
+
+    if nproc < 1:
+        raise HeadhuntError(f"--nproc must be at least 1, got {nproc}")
+    if nproc == 1 or "WORLD_SIZE" in os.environ:
+        return None
+    if device_map:
+        raise HeadhuntError(
+            "--nproc and --device-map do not combine (one model replica per process "
+            "or one model over all GPUs)"
+        )
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    on_gpus = gpus and device in ("auto", "cuda")
+    if on_gpus and nproc > gpus:
+        raise HeadhuntError(
+            f"--nproc {nproc} needs {nproc} GPUs (one each); {gpus} visible "
+            "(use fewer processes, or --device cpu)"
+        )
+    cores = cpu_limit()
+    if not on_gpus and nproc > cores:
+        raise HeadhuntError(
+            f"--nproc {nproc} exceeds the {cores} CPU cores this process may use "
+            "(each process holds a model replica)"
+        )
+    return launch(strip_option(argv, "--nproc"), nproc)
+
+
 def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], int]) -> int:
     """Run a subcommand's ``body(args, dist)``: relaunched in ``args.nproc`` processes when
     that is above 1 (and not already under torchrun), else in this process's group."""
     from headhunt.errors import HeadhuntError
 
-    nproc = getattr(args, "nproc", 1)
-    if nproc < 1:
-        raise HeadhuntError(f"--nproc must be at least 1, got {nproc}")
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        if getattr(args, "device_map", None):
-            raise HeadhuntError(
-                "--nproc and --device-map do not combine (one model replica per process "
-                "or one model over all GPUs)"
-            )
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpus and args.device in ("auto", "cuda") and nproc > gpus:
-            raise HeadhuntError(
-                f"--nproc {nproc} needs {nproc} GPUs (one each); {gpus} visible "
-                "(use fewer processes, or --device cpu)"
-            )
-        return launch(strip_option(args.argv, "--nproc"), nproc)
-
+    code = launch_if_asked(
+        getattr(args, "nproc", 1),
+        args.argv,
+        device=args.device,
+        device_map=getattr(args, "device_map", None),
+    )
+    if code is not None:
+        return code
     dist = init()
     finished = False
     try:
@@ -192,10 +272,13 @@ def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], in
         code = body(args, dist)
         finished = True
         return code
-    except HeadhuntError:
+    except HeadhuntError as e:
         if dist.is_main:
             raise
-        return 2  # every rank meets the same bad input: rank 0 alone reports it
+        # Every rank usually meets the same bad input: rank 0 alone reports it; the launcher
+        # prints this rank's line only when rank 0 had none.
+        report_rank_error(f"headhunt {getattr(args, 'command', '')}: error: {e}")
+        return 2
     finally:
         dist.close(finished)
 
@@ -258,6 +341,10 @@ def merge_records(run: RunDir, name: str, records: list[dict[str, Any]]) -> None
     with open(tmp, "w") as f:
         for r in records:
             f.write(json.dumps(r, default=_json_default) + "\n")
-    for path in _shard_files(run, name):
-        path.unlink(missing_ok=True)
+        f.flush()
+        os.fsync(f.fileno())
+    # The merged file is in place before any shard goes: a crash in between leaves records
+    # twice (each read keys them), never none.
     os.replace(tmp, run.work / name)
+    for path in _shard_files(run, name)[1:]:
+        path.unlink(missing_ok=True)

@@ -42,12 +42,32 @@ def package_versions() -> dict[str, str]:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
+    text = json.dumps(obj, indent=2, default=_json_default) + "\n"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
+        _write(f, text)
+    os.replace(tmp, path)
+
+
+# Fault injection for the crash tests: HEADHUNT_KILL_AT_WRITE=N makes this process write half
+# of its N-th durable write (a record or an atomic file), then kill itself with SIGKILL.
+_KILL_AT_WRITE = int(os.environ.get("HEADHUNT_KILL_AT_WRITE", "0") or 0)
+_writes = 0
+
+
+def _write(f, text: str) -> None:
+    """Write ``text`` to the open file ``f`` and make it durable."""
+    global _writes
+    _writes += 1
+    if _writes == _KILL_AT_WRITE:
+        import signal
+
+        f.write(text[: len(text) // 2])
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+        os.kill(os.getpid(), signal.SIGKILL)
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _json_default(obj: Any) -> Any:
@@ -79,6 +99,8 @@ class RunDir:
     force: bool = False
     complete: bool = False
     started: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
+    _lock: Any = field(default=None, repr=False, compare=False)
+    _made: list[Path] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def open(
@@ -90,22 +112,35 @@ class RunDir:
         force: bool = False,
         parameters: dict[str, Any] | None = None,
     ) -> RunDir:
-        """Prepare ``out`` for a run of ``method``.
+        """Prepare ``out`` for a run of ``method`` and lock its work folder.
+
+        ``resume`` continues ``<out>.partial`` when there is one (also after an interrupted
+        ``--force`` run over a finished one), else reprints a finished ``out``. ``force``
+        replaces ``out`` and ``<out>.partial``, but only when they are run directories: it never
+        deletes a folder headhunt did not write.
 
         Raises:
-            HeadhuntError: ``out`` exists and neither ``resume`` nor ``force`` is set; a
-                resumed run had other parameters; the directory cannot be written.
+            HeadhuntError: ``out`` exists and neither ``resume`` nor ``force`` is set; ``force``
+                would replace something that is not a run directory; another process is writing
+                the run; a resumed run had other parameters; the directory cannot be written.
         """
         out = Path(out).expanduser().resolve()
         work = out.with_name(out.name + ".partial")
-        if out.exists() and not force:
+        if out.exists() and not _is_run_dir(out) and not _is_empty_dir(out):
+            kind = "a file" if not out.is_dir() else "a folder that is not a headhunt run"
+            raise HeadhuntError(
+                f"{out} is {kind}; headhunt writes only new or run directories: "
+                "choose another --out"
+            )
+        if resume and work.is_dir():
+            pass  # continue the unfinished run (finalize replaces a finished `out`)
+        elif out.exists() and not force:
             if not resume:
                 raise HeadhuntError(
                     f"{out} exists; pass --resume to reuse it or --force to replace it"
                 )
             if (out / MANIFEST).is_file():
-                manifest = json.loads((out / MANIFEST).read_text())
-                _check_same(manifest.get("parameters"), parameters, out)
+                _check_same(_read_json(out / MANIFEST).get("parameters"), parameters, out)
                 return cls(out=out, work=out, method=method, complete=True)
             raise HeadhuntError(
                 f"{out} exists but holds no finished run; pass --force to replace it"
@@ -115,8 +150,13 @@ class RunDir:
                 raise HeadhuntError(
                     f"{work} holds an unfinished run; pass --resume to continue it or --force to start over"
                 )
+            if not (work.is_dir() and _is_work_dir(work)):
+                raise HeadhuntError(
+                    f"{work} is not an unfinished headhunt run; remove it or choose another --out"
+                )
+            _lock(work).close()  # refuses while another process writes it
             shutil.rmtree(work)
-        created = not work.exists()
+        made = _missing_parents(work)
         try:
             work.mkdir(parents=True, exist_ok=True)
             probe = work / ".write-test"
@@ -126,15 +166,29 @@ class RunDir:
             raise HeadhuntError(
                 f"cannot write the run directory {work}: {e.strerror or e}"
             ) from None
-        state = work / "parameters.json"
-        if state.is_file():
-            _check_same(json.loads(state.read_text()), parameters, work)
-        elif parameters is not None:
-            write_json_atomic(state, parameters)
+        lock = _lock(work)
+        try:
+            _repair(work)
+            state = work / "parameters.json"
+            if state.is_file():
+                _check_same(_read_json(state), parameters, work)
+            elif parameters is not None:
+                write_json_atomic(state, parameters)
+        except BaseException:
+            lock.close()
+            raise
         run = cls(out=out, work=work, method=method, force=force)
-        if created:
-            _STARTED.append(run)
+        run._lock, run._made = lock, made
+        _OPEN.append(run)
         return run
+
+    def release(self) -> None:
+        """Give up the work folder's lock (done by :meth:`finalize`; the CLI calls it after a
+        failed run)."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()
+            self._lock = None
 
     def discard_if_empty(self) -> None:
         """Remove a work folder this process created if no work was saved in it yet (a run that
@@ -143,6 +197,11 @@ class RunDir:
             return
         if {p.name for p in self.work.iterdir()} <= {"parameters.json"}:
             shutil.rmtree(self.work, ignore_errors=True)
+            for parent in getattr(self, "_made", []):  # the folders open() created, deepest first
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
 
     def path(self, name: str) -> Path:
         """Where to write the file ``name`` of this run."""
@@ -151,9 +210,7 @@ class RunDir:
     def append_record(self, record: dict[str, Any], name: str = "records.jsonl") -> None:
         """Append one finished unit of work (a trial, a text) durably, for resuming."""
         with open(self.work / name, "a") as f:
-            f.write(json.dumps(record, default=_json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            _write(f, json.dumps(record, default=_json_default) + "\n")
 
     def records(self, name: str = "records.jsonl") -> list[dict[str, Any]]:
         """Records appended so far (by this or an interrupted earlier process); ``name`` may be
@@ -193,23 +250,142 @@ class RunDir:
         if self.work == self.out:
             return self.out
         if self.out.exists():
-            old = self.out.with_name(self.out.name + ".old")
+            if not (_is_run_dir(self.out) or _is_empty_dir(self.out)):
+                raise HeadhuntError(f"{self.out} is no longer a run directory; not replacing it")
+            # The old run is renamed aside (hidden, next to it) and removed once the new one
+            # is in place: a reader sees the old run or the new one, never neither for long.
+            old = self.out.with_name(f".{self.out.name}.replaced")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(self.out, old)
             os.replace(self.work, self.out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(self.work, self.out)
+        self.release()
         return self.out
 
 
-_STARTED: list[RunDir] = []
+_OPEN: list[RunDir] = []
 
 
-def discard_unstarted_runs() -> None:
-    """Called by the CLI after an error: drop the empty work folders this process created."""
-    while _STARTED:
-        _STARTED.pop().discard_if_empty()
+def open_runs() -> int:
+    """How many runs this process holds open (a mark for :func:`release_runs`)."""
+    return len(_OPEN)
+
+
+def discard_unstarted_runs(since: int = 0) -> None:
+    """Called by the CLI after an error: drop the empty work folders opened since the mark
+    ``since`` (and the empty parent folders made for them) and unlock the others."""
+    while len(_OPEN) > since:
+        run = _OPEN.pop()
+        run.discard_if_empty()
+        run.release()
+
+
+def release_runs(since: int = 0) -> None:
+    """Unlock the runs opened since the mark ``since`` (the CLI calls it when a command ends)."""
+    while len(_OPEN) > since:
+        _OPEN.pop().release()
+
+
+def _read_json(path: Path) -> Any:
+    """A run's JSON file, or a one-line error that names it."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HeadhuntError(
+            f"{path} is unreadable or corrupt ({e}); pass --force to start over"
+        ) from None
+    if not isinstance(obj, dict):
+        raise HeadhuntError(f"{path} is corrupt (not a JSON object); pass --force to start over")
+    return obj
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def _is_run_dir(path: Path) -> bool:
+    """A finished run directory: a headhunt manifest, or a manifest next to scores.parquet (a
+    run whose manifest got corrupted is still one)."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return False
+    if (path / SCORES).is_file():
+        return True
+    try:
+        obj = json.loads(manifest.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(obj, dict) and "method" in obj and "parameters" in obj
+
+
+def _is_work_dir(path: Path) -> bool:
+    """An unfinished run: empty, or holding its parameters or records."""
+    names = [p.name for p in path.iterdir()]
+    return not names or "parameters.json" in names or any(n.endswith(".jsonl") for n in names)
+
+
+def _missing_parents(work: Path) -> list[Path]:
+    """The folders ``work.mkdir(parents=True)`` will create, deepest first."""
+    made, p = [], work.parent
+    while not p.exists():
+        made.append(p)
+        p = p.parent
+    return made
+
+
+class _DirLock:
+    """An exclusive ``flock`` on a folder, held while this process writes the run. The kernel
+    drops it when the process dies (even by kill -9), so a crashed run never stays locked."""
+
+    def __init__(self, path: Path):
+        import fcntl
+
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise HeadhuntError(
+                f"another headhunt process is writing {path}; wait for it to finish or stop it"
+            ) from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = None
+
+
+def _lock(path: Path) -> _DirLock:
+    return _DirLock(path)
+
+
+def _repair(work: Path) -> None:
+    """Make an interrupted run's files safe to continue: drop temporary files of writes that
+    never finished, and cut every records file after its last complete record (a crash can
+    leave half a line, and new records must not be appended onto it)."""
+    for tmp in work.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+    for tmp in work.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+    for path in work.glob("*.jsonl"):
+        data = path.read_bytes()
+        keep = 0
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                break
+            keep += len(line)
+        if keep < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
 
 
 def _check_same(old: Any, new: Any, where: Path) -> None:
@@ -219,7 +395,13 @@ def _check_same(old: Any, new: Any, where: Path) -> None:
         json.loads(json.dumps(old, default=_json_default)),
         json.loads(json.dumps(new, default=_json_default)),
     )
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "resume")
+    # Compared as JSON text, so a NaN parameter equals itself.
+    changed = sorted(
+        k
+        for k in set(old) | set(new)
+        if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)
+        and k != "resume"
+    )
     if changed:
         raise HeadhuntError(
             f"{where} was made with other parameters ({', '.join(changed)}); use --force to start over"
@@ -241,10 +423,19 @@ class Run:
         """The run's :class:`~headhunt.heads.scores.HeadScores`."""
         from headhunt.heads.scores import HeadScores
 
-        return HeadScores.read_parquet(self.path / SCORES)
+        path = self.path / SCORES
+        if not path.is_file():
+            raise HeadhuntError(f"{path} is missing")
+        try:
+            return HeadScores.read_parquet(path)
+        except Exception as e:  # truncated, empty, or not a scores table
+            raise HeadhuntError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
 
     def json(self, name: str) -> Any:
-        return json.loads((self.path / name).read_text())
+        try:
+            return json.loads((self.path / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise HeadhuntError(f"{self.path / name} is missing or corrupt ({e})") from None
 
 
 def load_run(path: str | os.PathLike) -> Run:

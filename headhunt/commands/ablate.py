@@ -12,6 +12,7 @@ from headhunt.commands.common import (
     comma_list,
     open_model,
     print_table,
+    require,
     seed_everything,
 )
 
@@ -67,12 +68,22 @@ def run(args: argparse.Namespace) -> int:
     from headhunt.heads.retrieval import METRIC, RetrievalConfig, build_trials, stop_token_ids
     from headhunt.rundir import RunDir, load_run, write_json_atomic
 
+    require(args.top_k >= 1, "--top-k must be at least 1")
+    require(args.batch_size >= 1, "--batch-size must be at least 1")
     source = load_run(args.scores)
     if source.method != "retrieval":
         raise HeadhuntError(
             f"{args.scores} is a {source.method} run; --scores needs a retrieval run"
         )
     scores = source.scores()
+    model_info = source.manifest.get("model")
+    require(
+        isinstance(model_info, dict)
+        and isinstance(model_info.get("n_layers"), int)
+        and isinstance(model_info.get("n_heads"), int),
+        f"{source.path / 'manifest.json'} does not say which model made the run (no model "
+        "n_layers/n_heads)",
+    )
     if args.draws < 1:
         raise HeadhuntError("--draws must be at least 1")
     # Fresh trials: another seed stream than any scoring run's, so answers and offsets differ.

@@ -13,6 +13,7 @@ from headhunt.commands.common import (
     add_model_args,
     add_out_args,
     comma_list,
+    finite_float,
     open_model,
     print_table,
     require,
@@ -58,8 +59,8 @@ def add_parser(sub) -> None:
         default=None,
         help="layers never calibrated (default: 0, 1 and the last)",
     )
-    g.add_argument("--beta", type=float, default=0.4, help="factor on hidden-sink attention")
-    g.add_argument("--tau", type=float, default=0.1, help="s_j threshold of a sink")
+    g.add_argument("--beta", type=finite_float, default=0.4, help="factor on hidden-sink attention")
+    g.add_argument("--tau", type=finite_float, default=0.1, help="s_j threshold of a sink")
     g.add_argument(
         "--min-queries",
         type=int,

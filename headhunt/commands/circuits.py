@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from headhunt.commands.common import add_command, add_model_args, add_out_args, require
+from headhunt.commands.common import (
+    add_command,
+    add_model_args,
+    add_out_args,
+    finite_float,
+    require,
+)
+from headhunt.errors import HeadhuntError
 
 DESCRIPTION = """\
 Find the heads of a task's circuit with discrete sparse autoencoders (O'Neill & Bui 2024): one
@@ -39,7 +46,10 @@ def add_parser(sub) -> None:
         "--sae-examples", type=int, help="prompts each SAE trains on (default: all of a trial's)"
     )
     g.add_argument(
-        "--subsample", type=float, default=0.5, help="share of the pairs each trial scores on"
+        "--subsample",
+        type=finite_float,
+        default=0.5,
+        help="share of the pairs each trial scores on",
     )
     g.add_argument("--position", default="last", choices=["mean", "last"])
     g.add_argument(
@@ -52,13 +62,13 @@ def add_parser(sub) -> None:
     g.add_argument("--dict-size", type=int, default=800)
     g.add_argument(
         "--l1",
-        type=float,
+        type=finite_float,
         default=0.02,
         help="sparsity coefficient (the paper: 0.05 for docstring)",
     )
-    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--lr", type=finite_float, default=1e-3)
     g.add_argument("--epochs", type=int, default=500)
-    g.add_argument("--edge-top-fraction", type=float, default=0.5)
+    g.add_argument("--edge-top-fraction", type=finite_float, default=0.5)
     g = p.add_argument_group("ground truth and circuit")
     g.add_argument("--no-truth", action="store_true", help="skip activation patching")
     g.add_argument("--no-eap", action="store_true", help="skip attribution patching")
@@ -70,7 +80,7 @@ def add_parser(sub) -> None:
     )
     g.add_argument(
         "--truth-share",
-        type=float,
+        type=finite_float,
         default=0.5,
         help="truth = fewest heads whose |patching effect| adds up to this share of the total",
     )
@@ -78,7 +88,7 @@ def add_parser(sub) -> None:
     g.add_argument("--circuit-size", type=int, help="circuit = this many heads by node score")
     g.add_argument(
         "--circuit-threshold",
-        type=float,
+        type=finite_float,
         help="circuit = heads whose node-rule score (default: share of pairs whose code "
         "changes) is above",
     )
@@ -97,6 +107,45 @@ def _check_args(args: argparse.Namespace) -> None:
         args.circuit_size is None or args.circuit_threshold is None,
         "give --circuit-size or --circuit-threshold, not both",
     )
+    require(args.dict_size >= 1, f"--dict-size must be at least 1, got {args.dict_size}")
+    require(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    require(args.epochs >= 1, f"--epochs must be at least 1, got {args.epochs}")
+    require(args.l1 is None or args.l1 >= 0, f"--l1 must not be negative, got {args.l1}")
+    require(
+        0 < args.edge_top_fraction <= 1,
+        f"--edge-top-fraction must be in (0, 1], got {args.edge_top_fraction}",
+    )
+    require(0 < args.truth_share <= 1, f"--truth-share must be in (0, 1], got {args.truth_share}")
+    require(
+        args.truth_top is None or args.truth_top >= 1,
+        f"--truth-top must be at least 1, got {args.truth_top}",
+    )
+    require(
+        args.circuit_size is None or args.circuit_size >= 1,
+        f"--circuit-size must be at least 1, got {args.circuit_size}",
+    )
+    if args.truth_from:  # a missing or unfinished run fails now, not after the model loads
+        from headhunt.rundir import load_run
+
+        done = load_run(args.truth_from)
+        require(
+            done.method == "circuits",
+            f"--truth-from {args.truth_from} is a {done.method} run, not a circuits run",
+        )
+    if args.task_file:  # a missing, binary or malformed task file fails before the model loads
+        from pathlib import Path
+
+        from headhunt.sae.tasks import read_task_file
+
+        path = Path(args.task_file).expanduser()
+        require(path.is_file(), f"no task file at {path}")
+        try:
+            path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise HeadhuntError(f"--task-file {path} is not UTF-8 text (JSON lines)") from None
+        except OSError as e:
+            raise HeadhuntError(f"cannot read --task-file {path}: {e.strerror or e}") from None
+        read_task_file(path)
 
 
 def parameters(args: argparse.Namespace) -> dict:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
+from headhunt.engine import seed_everything  # noqa: F401  (the commands import it from here)
 from headhunt.errors import HeadhuntError
+from headhunt.methods.base import print_table  # noqa: F401
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -73,8 +76,22 @@ def add_out_args(p: argparse.ArgumentParser, default: str) -> None:
     g.add_argument("--force", action="store_true", help="replace an existing run directory")
 
 
+def finite_float(text: str) -> float:
+    """argparse type for a float that must be a number (``nan`` and ``inf`` are refused: a NaN
+    parameter would make every comparison, and so every resume, fail)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 def comma_list(kind: Callable[[str], Any], name: str = "value") -> Callable[[str], list]:
     """argparse type for comma-separated lists: ``--lengths 500,1000,2000``."""
+
+    kind = finite_float if kind is float else kind
 
     def parse(text: str) -> list:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -82,7 +99,7 @@ def comma_list(kind: Callable[[str], Any], name: str = "value") -> Callable[[str
             raise argparse.ArgumentTypeError(f"expected a comma-separated list of {name}s")
         try:
             return [kind(t) for t in items]
-        except ValueError:
+        except (ValueError, argparse.ArgumentTypeError):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a comma-separated list of {name}s"
             ) from None
@@ -101,39 +118,6 @@ def open_model(args: argparse.Namespace):
         trust_remote_code=args.trust_remote_code,
         device_map=getattr(args, "device_map", None),
     )
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch. With ``HEADHUNT_DETERMINISTIC=1`` also ask torch, cuBLAS
-    and cuDNN for deterministic kernels (and keep SDPA off cuDNN's heuristic engines)."""
-    import os
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if os.environ.get("HEADHUNT_DETERMINISTIC", "") not in ("", "0"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:
-    """Print a DataFrame as a rich table."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in df.columns:
-        table.add_column(str(col), justify="right")
-    for row in df.itertuples(index=False):
-        table.add_row(*[floatfmt.format(v) if isinstance(v, float) else str(v) for v in row])
-    Console().print(table)
 
 
 def require(condition: bool, message: str) -> None:

@@ -12,6 +12,7 @@ from headhunt.commands.common import (
     add_out_args,
     add_parallel_args,
     comma_list,
+    finite_float,
     open_model,
     print_table,
     require,
@@ -61,7 +62,9 @@ def add_parser(sub) -> None:
         help="filler tokens between the pairs and the queries",
     )
     g.add_argument("--examples", type=int, default=8, help="examples per (pairs, gap) cell")
-    g.add_argument("--power-a", type=float, default=0.01, help="power-law a of the query gaps")
+    g.add_argument(
+        "--power-a", type=finite_float, default=0.01, help="power-law a of the query gaps"
+    )
     g.add_argument("--no-bos", action="store_true", help="do not prepend the tokenizer's BOS token")
     g = p.add_argument_group("heads and masking")
     g.add_argument(
@@ -200,6 +203,19 @@ def _run(args: argparse.Namespace, dist) -> int:
     params["bos"] = not args.no_bos
     if trained:
         params["layout"] = "abstract"
+    run_dir = distributed.open_run(
+        dist, args.out, "mqar", resume=args.resume, force=args.force, parameters=params
+    )
+    if run_dir.complete:  # reprinted without loading the model
+        if dist.is_main:
+            done = load_run(run_dir.out)
+            show(
+                pd.read_csv(run_dir.out / "accuracy.csv"),
+                HeadScores.read_parquet(run_dir.out / "scores.parquet"),
+                done.json("masking.json"),
+                args.top,
+            )
+        return 0
     seed_everything(args.seed)
     t0 = time.perf_counter()
     cfg = None
@@ -228,19 +244,6 @@ def _run(args: argparse.Namespace, dist) -> int:
                     f"N={n}, gap={gap} makes {length}-token examples, longer than the model's "
                     f"context ({model.max_context})"
                 )
-    run_dir = distributed.open_run(
-        dist, args.out, "mqar", resume=args.resume, force=args.force, parameters=params
-    )
-    if run_dir.complete:
-        if dist.is_main:
-            done = load_run(run_dir.out)
-            show(
-                pd.read_csv(run_dir.out / "accuracy.csv"),
-                HeadScores.read_parquet(run_dir.out / "scores.parquet"),
-                done.json("masking.json"),
-                args.top,
-            )
-        return 0
 
     # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
     t1 = time.perf_counter()

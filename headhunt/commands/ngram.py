@@ -12,6 +12,7 @@ from headhunt.commands.common import (
     add_out_args,
     add_parallel_args,
     comma_list,
+    finite_float,
     open_model,
     print_table,
     require,
@@ -68,8 +69,8 @@ def add_parser(sub) -> None:
         action="store_true",
         help="TransformerLens: drop attention to the query's own position",
     )
-    g.add_argument("--order-contrast", type=float, default=0.5, help="contrast of an order")
-    g.add_argument("--order-mass", type=float, default=0.1, help="mass of an order")
+    g.add_argument("--order-contrast", type=finite_float, default=0.5, help="contrast of an order")
+    g.add_argument("--order-mass", type=finite_float, default=0.1, help="mass of an order")
     g.add_argument("--min-queries", type=int, default=5, help="queries behind a contrast")
     g.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
     g.add_argument("--top", type=int, default=10, help="rows of the printed tables")
@@ -88,6 +89,9 @@ def _validate(args: argparse.Namespace) -> None:
     require(args.text_tokens >= 2, "--text-tokens must be at least 2")
     require(args.batch_size >= 1, "--batch-size must be at least 1")
     require(-1 <= args.order_contrast <= 1, "--order-contrast must be in [-1, 1]")
+    require(0 <= args.order_mass <= 1, "--order-mass must be in [0, 1]")
+    require(args.min_queries >= 1, "--min-queries must be at least 1")
+    require(args.top >= 0, "--top must not be negative")
 
 
 def build_inputs(model, args: argparse.Namespace, texts: list[str] | None) -> dict:
@@ -198,20 +202,20 @@ def _run(args: argparse.Namespace, dist, texts: list[str] | None) -> int:
         "bos": not args.no_bos,
         "seed": args.seed,
     }
-    seed_everything(args.seed)
-    t0 = time.perf_counter()
-    model = open_model(args)
-    t_load = time.perf_counter() - t0
-    inputs = build_inputs(model, args, texts)
     run_dir = distributed.open_run(
         dist, args.out, "ngram", resume=args.resume, force=args.force, parameters=params
     )
-    if run_dir.complete:
+    if run_dir.complete:  # reprinted without loading the model
         if dist.is_main:
             done = load_run(run_dir.out)
             show(HeadScores.read_parquet(run_dir.out / "scores.parquet"), args.inputs, args.top)
             print(f"run directory: {done.path}")
         return 0
+    seed_everything(args.seed)
+    t0 = time.perf_counter()
+    model = open_model(args)
+    t_load = time.perf_counter() - t0
+    inputs = build_inputs(model, args, texts)
 
     # Whole batches are dealt round-robin over the ranks; a record keeps its sequence's index.
     mine_t: dict[str, float] = {}

@@ -111,7 +111,9 @@ def add_parser(sub) -> None:
         "--drop-states", action="store_true", help="delete the captured states when done"
     )
     f = p.add_argument_group("probe")
-    f.add_argument("--test-fraction", type=float, default=0.25, help="share of texts held out")
+    f.add_argument(
+        "--test-fraction", type=common.finite_float, default=0.25, help="share of texts held out"
+    )
     f.add_argument("--folds", type=int, default=3, help="cross-validation folds (by text)")
     f.add_argument(
         "--grid",

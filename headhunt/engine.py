@@ -1,0 +1,246 @@
+"""The run engine: every method's run directory goes through one lifecycle.
+
+    open <out>.partial (locked; resumed or refused) -> a finished run is reprinted, no model
+    loaded -> the model loads -> the method computes through a :class:`RunContext` (whole units
+    of work dealt over ranks, finished units skipped, records appended to per-rank shards,
+    merged in plan order; compute-once steps kept across resumes; files written atomically) ->
+    rank 0 writes scores.parquet and the manifest and renames the folder into place.
+
+``headhunt.run(method, config, model=..., out=...)`` is the library's entry point; the CLI's
+method subcommands call the same :func:`execute`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from headhunt.errors import HeadhuntError
+
+if TYPE_CHECKING:
+    from headhunt.distributed import Dist
+    from headhunt.methods.base import Method, MethodConfig
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.rundir import RunDir
+
+T = TypeVar("T")
+
+
+@dataclass
+class ModelSpec:
+    """How to load a model: what ``--model``, ``--device``, ``--dtype``, ``--device-map`` and
+    ``--trust-remote-code`` say."""
+
+    spec: str = "smollm2-135m"
+    device: str = "auto"
+    dtype: str = "auto"
+    device_map: str | None = None
+    trust_remote_code: bool = False
+
+    def load(self) -> HookedModel:
+        from headhunt.probes.hooked import load_model
+
+        return load_model(
+            self.spec,
+            device=self.device,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+            device_map=self.device_map,
+        )
+
+
+@dataclass
+class RunContext:
+    """What a method's ``run`` writes through: the run directory, this process's place in the
+    group, and the run's timings and manifest extras.
+
+    Units of work: take this rank's share of the plan that is not done yet with :meth:`todo`,
+    save each finished unit with :meth:`append`, then :meth:`collect` (every rank waits there;
+    rank 0 gets every record in plan order, the others None and return).
+    """
+
+    run_dir: RunDir
+    dist: Dist
+    progress: bool = True
+    timings: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    @property
+    def show_progress(self) -> bool:
+        return self.progress and self.dist.is_main
+
+    def path(self, name: str) -> Path:
+        """Where the run's file ``name`` is written."""
+        return self.run_dir.path(name)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        """Write the run's JSON file ``name`` atomically."""
+        from headhunt.rundir import write_json_atomic
+
+        write_json_atomic(self.path(name), obj)
+
+    def say(self, text: str) -> None:
+        """Print on rank 0 only."""
+        if self.dist.is_main:
+            print(text)
+
+    def records(self, name: str) -> list[dict[str, Any]]:
+        """Every record saved under ``name`` so far, by any rank or earlier process."""
+        from headhunt.distributed import shard_records
+
+        return shard_records(self.run_dir, name)
+
+    def done(self, name: str, key: Callable[[dict], Hashable]) -> set:
+        """Keys of the units already recorded under ``name``."""
+        return {key(r) for r in self.records(name)}
+
+    def todo(self, plan: list[T], done: Iterable[Hashable] = (), key=lambda u: u) -> list[T]:
+        """This rank's share of ``plan`` (every world-th whole unit; the same split however the
+        run was interrupted), less the units whose ``key`` is done."""
+        done = set(done)
+        return [u for u in self.dist.share(plan) if not done or key(u) not in done]
+
+    def append(self, name: str, record: dict[str, Any]) -> None:
+        """Save one finished unit durably, in this rank's shard of ``name``."""
+        from headhunt.distributed import shard_name
+
+        self.run_dir.append_record(record, shard_name(self.dist, name))
+
+    def wait(self, timing: str | None = None, since: float | None = None) -> None:
+        """Every rank waits here for the others; ``timing`` records the slowest rank's time
+        since ``since``."""
+        elapsed = time.perf_counter() - since if since is not None else 0.0
+        slowest = max(self.dist.gather(elapsed))
+        if timing is not None:
+            self.timings[timing] = slowest
+
+    def collect(
+        self, name: str, keys: list[Hashable], key: Callable[[dict], Hashable]
+    ) -> list[dict[str, Any]] | None:
+        """Rank 0: the records of ``name`` in plan order (``keys``), written back as one file
+        (so the run directory does not depend on how the work was split or resumed). Other
+        ranks: None. Call :meth:`wait` first."""
+        from headhunt.distributed import merge_records
+
+        if not self.dist.is_main:
+            return None
+        by_key = {key(r): r for r in self.records(name)}
+        missing = [k for k in keys if k not in by_key]
+        if missing:
+            raise HeadhuntError(f"{name} lacks {len(missing)} unit(s) (first: {missing[0]!r})")
+        records = [by_key[k] for k in keys]
+        merge_records(self.run_dir, name, records)
+        return records
+
+    def step(self, name: str, compute: Callable[[], Any]) -> Any:
+        """A compute-once step: ``compute()``'s JSON result is kept in ``name`` and read back
+        when the run is resumed (written atomically: a crash never leaves half of it)."""
+        import json
+
+        path = self.path(name)
+        if path.is_file():
+            return json.loads(path.read_text())
+        value = compute()
+        self.write_json(name, value)
+        return value
+
+
+def execute(
+    method: Method,
+    config: MethodConfig,
+    *,
+    out: str | Path,
+    model: HookedModel | None = None,
+    spec: ModelSpec | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    show: bool = True,
+    top: int | None = None,
+) -> Path | None:
+    """Run ``method`` into ``out`` in this process (one rank of a group under torchrun, or
+    alone). Returns the finished run directory on rank 0, None on the other ranks."""
+    from headhunt import distributed
+    from headhunt.rundir import load_run
+
+    if model is None and spec is None:
+        raise HeadhuntError("give a model or a model spec")
+    method.prepare(config)  # everything checkable without the model fails now
+    name = spec.spec if model is None else _model_name(model)
+    params = method.parameters(config, name)
+    dist = distributed.init()
+    finished = False
+    try:
+        if dist.active and spec is not None:
+            spec.device = dist.device(spec.device)
+        run_dir = distributed.open_run(
+            dist, out, method.name, resume=resume, force=force, parameters=params
+        )
+        if run_dir.complete:  # reprinted without loading the model
+            if show and dist.is_main:
+                method.show(load_run(run_dir.out), top or method.top)
+            finished = True
+            return run_dir.out if dist.is_main else None
+        seed_everything(seed)
+        t0 = time.perf_counter()
+        if model is None:
+            model = method.load(spec)
+        ctx = RunContext(run_dir, dist, progress=progress)
+        ctx.timings["load_model_s"] = time.perf_counter() - t0
+        scores = method.run(model, config, ctx)
+        finished = True
+        if not dist.is_main:
+            return None
+        from headhunt.rundir import SCORES
+
+        scores.to_parquet(run_dir.path(SCORES))
+        path = run_dir.finalize(
+            model=model.describe(),
+            parameters=params,
+            timings=ctx.timings,
+            extra={"processes": dist.world, **ctx.extra},
+        )
+        if show:
+            method.show(load_run(path), top or method.top)
+            print(f"run directory: {path}")
+        return path
+    except HeadhuntError as e:
+        if dist.is_main:
+            raise
+        distributed.report_rank_error(f"headhunt {method.name}: error: {e}")
+        raise SystemExit(2) from None
+    finally:
+        if dist.active:
+            dist.close(finished)
+
+
+def _model_name(model: HookedModel) -> str:
+    return str(model.describe().get("spec") or model.name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch. With ``HEADHUNT_DETERMINISTIC=1`` also ask torch, cuBLAS
+    and cuDNN for deterministic kernels (and keep SDPA off cuDNN's heuristic engines)."""
+    import os
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if os.environ.get("HEADHUNT_DETERMINISTIC", "") not in ("", "0"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.enable_cudnn_sdp(False)

@@ -1,0 +1,29 @@
+"""The method registry: name -> the module and class that implement it.
+
+Adding a method is one module here (a :class:`~headhunt.methods.base.Method` subclass and its
+config) and one line in :data:`METHODS`; the CLI subcommand, ``headhunt.run``, resume and
+``--nproc`` come from the engine.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option
+
+METHODS: dict[str, str] = {
+    "retrieval": "headhunt.methods.retrieval:Retrieval",
+    "sinks": "headhunt.methods.sinks:Sinks",
+}
+
+
+def get(name: str) -> Method:
+    """The registered method ``name``."""
+    if name not in METHODS:
+        raise HeadhuntError(f"unknown method {name!r} (known: {', '.join(METHODS)})")
+    module, cls = METHODS[name].split(":")
+    return getattr(import_module(module), cls)()
+
+
+__all__ = ["METHODS", "Method", "MethodConfig", "get", "option"]

@@ -1,0 +1,135 @@
+"""Retrieval heads (Wu et al. 2024) as a method: needle-in-a-haystack trials, dealt over ranks
+in whole decoding batches."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from headhunt.methods.base import Method, MethodConfig, option, print_table
+
+TRIALS = "trials.jsonl"
+
+
+@dataclass
+class RetrievalRunConfig(MethodConfig):
+    """A retrieval run: the trial grid (:class:`headhunt.heads.retrieval.RetrievalConfig`) and
+    how the KV-head table is folded."""
+
+    lengths: list[int] = option([500, 1000, 2000], "prompt lengths in tokens")
+    depths: list[float] = option([0.0, 25.0, 50.0, 75.0, 100.0], "needle depths in percent")
+    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
+    repeats: int = option(1, "trials per (length, depth, needle)")
+    max_new_tokens: int = option(24, "decoding budget per trial")
+    batch_size: int = option(0, "trials decoded together (0: auto)", min=0)
+    haystack: str | None = option(
+        None, "text file for the haystack (default: bundled essays)", type=str
+    )
+    threshold: float = option(0.1, "score above which a head is a retrieval head")
+    kv_aggregate: str = option(
+        "max", "how duo_attention.tsv folds query heads into their KV head", choices=("max", "mean")
+    )
+    seed: int = option(0, "random seed", cli=False)
+
+    def trials(self):
+        from headhunt.heads.retrieval import RetrievalConfig
+
+        d = self.to_dict()
+        d.pop("kv_aggregate")
+        return RetrievalConfig(**d)
+
+    def check(self) -> None:
+        from headhunt.heads.needles import read_haystack
+
+        self.trials().validate()
+        read_haystack(self.haystack)  # a bad haystack fails before the model loads
+
+
+class Retrieval(Method):
+    name = "retrieval"
+    Config = RetrievalRunConfig
+    metric = "retrieval_score"
+    help = "score retrieval heads (needle in a haystack)"
+    description = """Score every attention head's retrieval behaviour (Wu et al. 2024).
+
+Each trial hides a needle sentence with a random answer in a haystack, asks for it, and decodes
+greedily. A head scores when its attention argmax lies on the answer and the token there is the
+one just produced; trials count only when the answer is right (ROUGE-1 recall > 0.5). Writes
+manifest.json, scores.parquet, retrieval_heads.json (the reference's format), trials.jsonl,
+duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
+    units = "decoding batches"
+    top = 20
+
+    def parameters(self, config: RetrievalRunConfig, model: str) -> dict[str, Any]:
+        return {**config.trials().to_dict(), "model": model, "kv_aggregate": config.kv_aggregate}
+
+    def run(self, model, config: RetrievalRunConfig, ctx):
+        import numpy as np
+
+        from headhunt.heads import retrieval as R
+        from headhunt.plots import head_heatmap, write_html
+
+        grid = config.trials()
+        grid.validate(model)
+        trials = R.build_trials(model, grid)
+        # Whole decoding batches are dealt over the ranks; each keeps its trials in its shard.
+        done = ctx.done(TRIALS, key=lambda r: r["id"])
+        mine = [
+            [t for t in b if t.id not in done]
+            for b in ctx.todo(R.plan_batches(model, trials, grid))
+        ]
+        if done:
+            ctx.say(f"resuming: {len(done)} of {len(trials)} trials already done")
+        t1 = time.perf_counter()
+        R.run_trials(
+            model,
+            [],
+            grid,
+            batches=[b for b in mine if b],
+            progress=ctx.show_progress,
+            on_record=lambda r: ctx.append(TRIALS, r),
+        )
+        ctx.wait("trials_s", since=t1)
+        records = ctx.collect(TRIALS, [t.id for t in trials], key=lambda r: r["id"])
+        if records is None:
+            return None
+        ctx.timings["trials_per_s"] = len(trials) / max(ctx.timings["trials_s"], 1e-9)
+
+        scores = R.aggregate(records, model)
+        ctx.path("retrieval_heads.json").write_text(
+            json.dumps(R.reference_json(records, model.n_layers, model.n_heads))
+        )
+        mean = scores.matrix(R.METRIC)
+        kv = R.kv_group_table(mean, model.n_kv_heads, config.kv_aggregate)
+        np.savetxt(ctx.path("duo_attention.tsv"), kv, delimiter="\t", fmt="%.6f")
+        write_html(
+            head_heatmap(mean, f"Retrieval score: {model.name}", "retrieval score"),
+            ctx.path("retrieval_heatmap.html"),
+        )
+        ctx.extra["summary"] = {
+            "trials": len(records),
+            "counted_trials": sum(r["counted"] for r in records),
+            "retrieval_heads": int((mean > grid.threshold).sum()),
+            "heads": int(mean.size),
+        }
+        ctx.extra["interchange"] = {
+            "retrieval_heads.json": 'reference format {"layer-head": [score per counted trial]}, 0-based, query heads',
+            "duo_attention.tsv": f"layers x KV heads, tab separated, {config.kv_aggregate} over each KV group's query heads",
+        }
+        return scores
+
+    def show(self, run, top: int) -> None:
+        manifest, s = run.manifest, run.manifest.get("summary", {})
+        table = run.scores().top(self.metric, top)[["layer", "head", "kv_head", "value"]]
+        table = table.rename(columns={"value": self.metric})
+        print_table(table, title=f"Top {top} retrieval heads: {manifest['model'].get('spec')}")
+        if s:
+            threshold = manifest["parameters"].get("threshold")
+            pct = 100 * s["retrieval_heads"] / max(s["heads"], 1)
+            print(
+                f"{s['retrieval_heads']} of {s['heads']} heads ({pct:.1f}%) score above "
+                f"{threshold}; {s['counted_trials']} of {s['trials']} trials answered correctly "
+                "and counted"
+            )

@@ -1,0 +1,219 @@
+"""Attention sinks (ACT, Yu et al. 2024; Gu et al. 2024) as a method: texts dealt over ranks."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table
+
+RECORDS = "texts.jsonl"
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise HeadhuntError(message)
+
+
+@dataclass
+class SinksConfig(MethodConfig):
+    """A sinks run: which texts, and the sink analysis (:class:`headhunt.heads.sinks.SinkConfig`)."""
+
+    texts: str | None = option(
+        None,
+        'a .txt file (one text) or .jsonl file ({"text": ...} per line); default: the bundled '
+        "essays",
+        type=str,
+    )
+    length: int | None = option(
+        None,
+        "tokens per text (texts are cut to it; bundled essays are joined to reach it; default "
+        "1024 for the essays, the whole text for --texts)",
+        type=int,
+        min=2,
+    )
+    n_texts: int = option(4, "texts to analyse (at most)", min=1)
+    tau: float = option(0.1, "s_j threshold of a sink")
+    min_queries: int = option(32, "queries that must see a key to judge it")
+    min_query_share: float = option(
+        0.1, "... and at least this share of the text's queries (the last 10%% is not judged)"
+    )
+    eps: float = option(0.3, "Sink_eps threshold on s_0")
+    eps_tokens: int = option(64, "prefix length T of Sink_eps")
+    seed: int = option(0, "random seed", cli=False)
+
+    def sinks(self):
+        from headhunt.heads.sinks import SinkConfig
+
+        return SinkConfig(
+            tau=self.tau,
+            min_queries=self.min_queries,
+            min_query_share=self.min_query_share,
+            eps=self.eps,
+            eps_tokens=self.eps_tokens,
+        )
+
+    def check(self) -> None:
+        self.sinks()  # its own range checks
+        read_texts(self.texts)  # bad files fail before the model loads (or processes start)
+
+
+def read_texts(path: str | None) -> list[str] | None:
+    """User texts from a .txt (one text) or .jsonl file; None for the bundled essays."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    require(p.is_file(), f"no texts file at {p}")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise HeadhuntError(f"cannot read {p}: {e}") from None
+    if p.suffix != ".jsonl":
+        require(bool(raw.strip()), f"{p} is empty")
+        return [raw]
+    texts = []
+    for no, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise HeadhuntError(f"{p.name} line {no}: not valid JSON ({e.msg})") from None
+        text = obj.get("text") if isinstance(obj, dict) else None
+        require(
+            isinstance(text, str) and bool(text.strip()),
+            f"{p.name} line {no}: needs a non-empty string 'text'",
+        )
+        texts.append(text)
+    require(bool(texts), f"{p} holds no texts")
+    return texts
+
+
+def build_inputs(model, texts: list[str] | None, length: int | None, n_texts: int):
+    """Token ids of each text (BOS first), cut to ``length``."""
+    import torch
+
+    if length is not None and length > model.max_context:
+        raise HeadhuntError(
+            f"--length {length} exceeds the model's context ({model.max_context} tokens)"
+        )
+    if texts is None:
+        from importlib import resources
+
+        folder = resources.files("headhunt.heads") / "data" / "haystack"
+        essays = [f.read_text(encoding="utf-8") for f in sorted(folder.iterdir(), key=str)]
+        essays = [e for e in essays if e.strip()]
+        length = length or 1024
+        out = []
+        for i in range(min(n_texts, len(essays))):
+            # Essays i, i+1, ... joined until the text is long enough.
+            parts, ids = [], None
+            for j in range(len(essays)):
+                parts.append(essays[(i + j) % len(essays)])
+                ids = model.encode("\n\n".join(parts))
+                if len(ids) >= length:
+                    break
+            out.append(ids[:length])
+        return out
+    out = []
+    for i, text in enumerate(texts[:n_texts]):
+        ids = model.encode(text)
+        if length is not None:
+            ids = ids[:length]
+        elif len(ids) > model.max_context:
+            raise HeadhuntError(
+                f"text {i} has {len(ids)} tokens, more than the model's context "
+                f"({model.max_context}); pass --length to cut it"
+            )
+        require(len(ids) >= 2, f"text {i} is too short ({len(ids)} token)")
+        out.append(torch.as_tensor(ids))
+    return out
+
+
+class Sinks(Method):
+    name = "sinks"
+    Config = SinksConfig
+    metric = "hidden_sink_mass"
+    help = "attention sinks: first token, hidden sinks"
+    description = """Find every head's attention sinks (ACT, Yu et al. 2024; Gu et al. 2024).
+
+For each head, s_j = the mean attention key j receives from the queries that see it (kernel
+column statistics: no N x N matrix, so texts can fill the model's context). A sink has
+s_j > --tau and at least --min-queries queries behind it (so the last keys of a text, seen
+by a few queries, are not called sinks; nor is any key in the last --min-query-share of a
+text). Reports the first-token sink (s_0), hidden sinks
+(sinks after position 0) with their positions and tokens, Sink_eps per layer (share of heads
+with s_0 > --eps on the first --eps-tokens tokens) and massive activations (top |hidden
+value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.parquet
+(one row per hidden sink), sink_tokens.csv, layers.csv, summary.json and sinks.html."""
+    units = "texts"
+    top = 15
+
+    def parameters(self, config: SinksConfig, model: str) -> dict[str, Any]:
+        texts = str(Path(config.texts).resolve()) if config.texts else "bundled essays"
+        return {
+            **config.sinks().to_dict(),
+            "model": model,
+            "texts": texts,
+            "length": config.length,
+            "n_texts": config.n_texts,
+        }
+
+    def run(self, model, config: SinksConfig, ctx):
+        from tqdm import tqdm
+
+        from headhunt.heads.sinks import TextSinks, analyze_text, plot, summarize
+        from headhunt.plots import write_html
+
+        sinks = config.sinks()
+        inputs = build_inputs(model, read_texts(config.texts), config.length, config.n_texts)
+        # Texts are dealt over the ranks; each keeps its finished texts in its shard.
+        done = ctx.done(RECORDS, key=lambda r: r["text"])
+        if done:
+            ctx.say(f"resuming: {len(done)} of {len(inputs)} texts already done")
+        t1 = time.perf_counter()
+        mine = ctx.todo(list(range(len(inputs))), done)
+        for i in tqdm(mine, desc="texts", unit="text", disable=not ctx.show_progress):
+            ctx.append(RECORDS, analyze_text(model, inputs[i], sinks, index=i).to_dict())
+        ctx.wait("texts_s", since=t1)
+        records = ctx.collect(RECORDS, list(range(len(inputs))), key=lambda r: r["text"])
+        if records is None:
+            return None
+        result = summarize([TextSinks.from_dict(r) for r in records], model, sinks)
+        result.sinks.to_parquet(ctx.path("sinks.parquet"), index=False)
+        result.tokens.to_csv(ctx.path("sink_tokens.csv"), index=False)
+        result.layers.to_csv(ctx.path("layers.csv"), index=False)
+        ctx.path("summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+        write_html(plot(result, f"Attention sinks: {model.name}"), ctx.path("sinks.html"))
+        ctx.extra["summary"] = result.summary
+        return result.scores
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        summary, scores = run.json("summary.json"), run.scores()
+        n = summary["tokens_per_text"]
+        print(
+            f"{summary['texts']} text(s) of {min(n)}-{max(n)} tokens. First token: mean s_0 = "
+            f"{summary['first_sink_mean_s0']:.3f}, a sink (s_0 > tau) in "
+            f"{100 * summary['first_sink_share_of_heads']:.0f}% of heads; Sink_eps = "
+            f"{100 * summary['sink_eps_overall']:.1f}%."
+        )
+        print(
+            f"Hidden sinks: in {100 * summary['heads_with_hidden_sinks']:.0f}% of heads, "
+            f"{summary['hidden_sinks_per_head']:.2f} per head on average, at "
+            f"{summary['hidden_sink_positions']} distinct text positions. Largest massive "
+            f"activation: {summary['massive_ratio_max']:.0f}x the median (layer "
+            f"{summary['massive_ratio_max_layer']})."
+        )
+        heads = scores.top(self.metric, top)[["layer", "head", "kv_head", "value"]]
+        print_table(heads.rename(columns={"value": self.metric}), "heads by hidden-sink mass")
+        toks = pd.DataFrame(summary["top_hidden_sink_tokens"])
+        if len(toks):
+            toks = toks.head(top).copy()
+            toks["token"] = [repr(t) for t in toks["token"]]
+            print_table(toks, "tokens that become hidden sinks")

@@ -1,0 +1,140 @@
+"""kill -9 at random points of small CPU runs, then --resume: the run directory equals an
+uninterrupted run's (issue 18's fault-injection test).
+
+Each method is killed several times in a row before the final resume: three times in the middle
+of a durable write (``HEADHUNT_KILL_AT_WRITE=N``: half of the N-th record or atomic file is on
+disk, then SIGKILL), and twice at a random moment after the run folder appeared (seeded, so a
+failure replays). That is 25 kills over five methods, sinks' last one on a two-process group
+(the launcher is killed; its workers die with it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from headhunt.cli import main
+
+WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
+THINGS = ["code", "key", "word", "number", "gate", "lamp", "river", "bread", "park", "city"]
+COLOURS = [("blue", "red"), ("red", "green"), ("green", "blue")]
+TIMES = {"seconds", "trials_per_s"}  # wall times kept inside a method's files
+
+
+def case_argv(method: str, model: Path, data: Path) -> list[str]:
+    common = ["--model", str(model), "--device", "cpu"]
+    if method == "retrieval":
+        return ["retrieval", *common, "--lengths", "128", "--depths", "0,50,100",
+                "--needles", "passkey,magic", "--max-new-tokens", "3", "--batch-size", "1"]  # fmt: skip
+    if method == "sinks":
+        return ["sinks", *common, "--texts", str(data / "texts.jsonl"), "--min-queries", "8",
+                "--eps-tokens", "16"]  # fmt: skip
+    if method == "ngram":
+        return ["ngram", *common, "--texts", str(data / "texts.txt"), "--n-seqs", "3",
+                "--repeat-len", "12", "--planted-len", "60", "--text-tokens", "40",
+                "--n-texts", "2", "--k-max", "3", "--batch-size", "1"]  # fmt: skip
+    if method == "mqar":
+        return ["mqar", *common, "--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6",
+                "--examples", "3", "--heads-cell", "2,0", "--head-examples", "3", "--top-k",
+                "2", "--random-sets", "2"]  # fmt: skip
+    return ["circuits", *common, "--task-file", str(data / "pairs.jsonl"), "--truth-top", "2",
+            "--trials", "3", "--epochs", "30", "--batch-size", "4", "--no-progress",
+            "--no-png"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fault-data")
+    texts = "".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5, 3))
+    (folder / "texts.jsonl").write_text(texts)
+    (folder / "texts.txt").write_text(WORDS * 6)
+    pairs = []
+    for i, thing in enumerate(THINGS):
+        a, b = COLOURS[i % len(COLOURS)]
+        pairs.append(
+            {
+                "positive": f"the {thing} is {a} . the {thing} is",
+                "negative": f"the {thing} is {b} . the {thing} is",
+                "answer": f" {a}",
+                "wrong": f" {b}",
+            }
+        )
+    (folder / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    return folder
+
+
+def _without_times(obj):
+    if isinstance(obj, dict):
+        return {k: _without_times(v) for k, v in obj.items() if k not in TIMES}
+    if isinstance(obj, list):
+        return [_without_times(v) for v in obj]
+    return obj
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Every file equal, but the manifest (timings: parameters and file list compared), HTML
+    (random element ids) and wall times inside a method's JSON and safetensors files."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        pa, pb = a / name, b / name
+        if name == "manifest.json":
+            ma, mb = (json.loads(p.read_text()) for p in (pa, pb))
+            assert (ma["parameters"], ma["files"]) == (mb["parameters"], mb["files"])
+        elif name.endswith(".html"):
+            continue
+        elif name.endswith(".jsonl"):
+            ra, rb = ([json.loads(x) for x in p.read_text().splitlines()] for p in (pa, pb))
+            assert _without_times(ra) == _without_times(rb), name
+        elif name.endswith(".json"):
+            ja, jb = (json.loads(p.read_text()) for p in (pa, pb))
+            assert _without_times(ja) == _without_times(jb), name
+        elif name == "eap.safetensors":
+            from safetensors.torch import load_file
+
+            assert load_file(str(pa))["per_pair"].equal(load_file(str(pb))["per_pair"])
+        else:
+            assert pa.read_bytes() == pb.read_bytes(), name
+
+
+def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "headhunt", *argv],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize("method", ["retrieval", "sinks", "ngram", "mqar", "circuits"])
+def test_kill_9_then_resume_gives_the_uninterrupted_run(method, tiny_folder, data, tmp_path):
+    argv = case_argv(method, tiny_folder, data)
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main([*argv, "--out", str(ref)]) == 0
+    rng = random.Random(method)
+    resumed = [*argv, "--out", str(out), "--resume"]
+
+    for n in (1, 3, 5):  # mid-write: the parameters file, then records or files
+        proc = _start(resumed, {"HEADHUNT_KILL_AT_WRITE": str(n)})
+        assert proc.wait(timeout=300) == -signal.SIGKILL, f"write {n} was not reached"
+    for k in range(2):  # at a random moment of the work
+        group = method == "sinks" and k == 1
+        proc = _start([*resumed, "--nproc", "2"] if group else resumed)
+        deadline = time.monotonic() + 120
+        partial = tmp_path / "run.partial"
+        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert main(resumed) == 0
+    assert_same_run(ref, out)
+    assert not (tmp_path / "run.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref", "run"]
