@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from headhunt.distributed import Dist
     from headhunt.methods.base import Method, MethodConfig
     from headhunt.probes.hooked import HookedModel
-    from headhunt.rundir import RunDir
+    from headhunt.rundir import Run, RunDir
 
 T = TypeVar("T")
 
@@ -186,7 +186,7 @@ def execute(
         )
         if run_dir.complete:  # reprinted without loading the model
             if show and dist.is_main:
-                method.show(load_run(run_dir.out), top or method.top)
+                method.show(load_run(run_dir.out), method.top if top is None else top)
             finished = True
             return run_dir.out if dist.is_main else None
         seed_everything(seed)
@@ -209,7 +209,7 @@ def execute(
             extra={"processes": dist.world, **ctx.extra},
         )
         if show:
-            method.show(load_run(path), top or method.top)
+            method.show(load_run(path), method.top if top is None else top)
             print(f"run directory: {path}")
         return path
     except HeadhuntError as e:
@@ -244,3 +244,85 @@ def seed_everything(seed: int) -> None:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
         torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def run(
+    method: str,
+    config: MethodConfig | dict[str, Any] | None = None,
+    *,
+    model: HookedModel | None = None,
+    model_spec: str | ModelSpec | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    nproc: int = 1,
+    seed: int | None = None,
+    progress: bool = True,
+    show: bool = False,
+) -> Run:
+    """Run a registered method and return the finished run, read back.
+
+    Args:
+        method: a name in :data:`headhunt.methods.METHODS` ("retrieval", "sinks", ...).
+        config: the method's config (its dataclass, a dict of its fields, or None for the
+            defaults).
+        model: an in-memory :class:`~headhunt.probes.hooked.HookedModel` (nothing is saved to
+            disk), or
+        model_spec: what to load (a registry name, folder, .gguf file, or a :class:`ModelSpec`).
+        out: the run directory (default ``runs/<method>``).
+        resume, force: as the CLI's ``--resume`` / ``--force``.
+        nproc: processes, one model replica each (needs ``model_spec``: each process loads its
+            own; runs ``headhunt <method> ... --nproc N``).
+        seed: the random seed (default: the config's ``seed``, else 0).
+        progress, show: progress bars; print the run's tables as the CLI does.
+
+    Raises:
+        HeadhuntError: bad config, bad model, or a run directory that cannot be written.
+    """
+    from headhunt import methods
+    from headhunt.rundir import discard_unstarted_runs, load_run, open_runs, release_runs
+
+    m = methods.get(method)
+    if config is None:
+        config = m.Config()
+    elif isinstance(config, dict):
+        config = m.Config.from_dict(config)
+    elif not isinstance(config, m.Config):
+        raise HeadhuntError(f"{method} takes a {m.Config.__name__}, not {type(config).__name__}")
+    if seed is None:
+        seed = getattr(config, "seed", 0)
+    if (model is None) == (model_spec is None):
+        raise HeadhuntError("give exactly one of model (in memory) and model_spec (to load)")
+    spec = ModelSpec(model_spec) if isinstance(model_spec, str) else model_spec
+    out = Path(out if out is not None else f"runs/{m.name}")
+    if nproc > 1:
+        return _run_group(m, config, spec, out, resume, force, nproc, seed)
+    mark = open_runs()
+    try:
+        execute(
+            m, config, out=out, model=model, spec=spec, seed=seed, resume=resume, force=force,
+            progress=progress, show=show,
+        )  # fmt: skip
+    except BaseException:
+        discard_unstarted_runs(mark)
+        raise
+    release_runs(mark)
+    return load_run(out)
+
+
+def _run_group(m, config, spec, out, resume, force, nproc, seed) -> Run:
+    """``headhunt.run(..., nproc=N)``: the CLI's group launcher on the same settings."""
+    from headhunt import distributed
+    from headhunt.rundir import load_run
+
+    if spec is None:
+        raise HeadhuntError("nproc > 1 needs model_spec: each process loads its own replica")
+    m.prepare(config)
+    argv = [m.name, *config.to_argv(), "--model", spec.spec, "--device", spec.device]
+    argv += ["--dtype", spec.dtype, "--seed", str(seed), "--out", str(out)]
+    argv += ["--trust-remote-code"] * spec.trust_remote_code
+    argv += ["--resume"] * resume + ["--force"] * force
+    code = distributed.launch_if_asked(nproc, [*argv, "--nproc", str(nproc)], device=spec.device)
+    if code:
+        raise HeadhuntError(f"the {nproc}-process {m.name} run failed (exit status {code})")
+    return load_run(out)

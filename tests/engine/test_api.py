@@ -37,8 +37,11 @@ def test_sinks_from_python_equals_the_cli(memory_model, tiny_folder, tmp_path):
     for name in ("texts.jsonl", "scores.parquet", "sinks.parquet", "layers.csv", "summary.json"):
         assert (cli / name).read_bytes() == (run.path / name).read_bytes(), name
 
-    # Finished: returned as it is, no model loaded (the spec names no model that exists).
-    again = hh.run("sinks", config, model_spec="/nonexistent/model", out=run.path, resume=True)
+    # Finished: returned as it is, no model loaded (no model of that name could be loaded).
+    name = run.manifest["parameters"]["model"]
+    with pytest.raises(hh.HeadhuntError):
+        hh.load_model(name)
+    again = hh.run("sinks", config, model_spec=name, out=run.path, resume=True)
     assert again.manifest == run.manifest
 
 
