@@ -26,6 +26,8 @@ def head_heatmap(matrix: np.ndarray, title: str, colorbar: str = "score"):
     fig.update_layout(
         title=title, xaxis_title="head", yaxis_title="layer", height=max(400, 18 * n_layers)
     )
+    fig.update_xaxes(dtick=1)  # heads and layers are integers: no ticks between them
+    fig.update_yaxes(dtick=1)
     return fig
 
 
@@ -66,6 +68,7 @@ def layer_lines(rows: pd.DataFrame):
             row=i,
             col=1,
         )
+    fig.update_xaxes(dtick=1)
     fig.update_xaxes(title_text="layer", row=len(metrics), col=1)
     fig.update_layout(height=260 * len(metrics), margin={"t": 40})
     return fig
@@ -87,22 +90,16 @@ def status_map(table: pd.DataFrame, n_layers: int, n_heads: int, title: str):
         part = table[table["status"] == status]
         fig.add_trace(
             go.Scatter(
-                x=[str(h) for h in part["head"]],
-                y=[str(la) for la in part["layer"]],
+                x=part["head"],
+                y=part["layer"],
                 mode="markers",
                 marker={"symbol": "square", "size": 16, "color": colour},
                 name=f"{status} ({len(part)})",
                 hovertemplate="head %{y}-%{x}: " + status + "<extra></extra>",
             )
         )
-    fig.update_xaxes(
-        title_text="head", categoryorder="array", categoryarray=[str(h) for h in range(n_heads)]
-    )
-    fig.update_yaxes(
-        title_text="layer",
-        categoryorder="array",
-        categoryarray=[str(la) for la in range(n_layers)],
-    )
+    fig.update_xaxes(title_text="head", dtick=1, range=[-0.5, n_heads - 0.5])
+    fig.update_yaxes(title_text="layer", dtick=1, range=[-0.5, n_layers - 0.5])
     fig.update_layout(title=title, height=max(360, 20 * n_layers))
     return fig
 
