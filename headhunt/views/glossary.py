@@ -150,6 +150,16 @@ METRICS: dict[str, MetricInfo] = {
         "mean over SAE trials",
         "share, 0-1",
     ),
+    "sae_pos_only": MetricInfo(
+        "share of positive prompts whose SAE code no negative prompt gives the head, mean over "
+        "SAE trials",
+        "share, 0-1",
+    ),
+    "sae_changed": MetricInfo(
+        "share of prompt pairs on which the head's SAE code differs between the positive and "
+        "its own negative, mean over SAE trials",
+        "share, 0-1",
+    ),
     "sae_edge": MetricInfo(
         "how many of the top head pairs by SAE edge score the head belongs to (ties weighted), "
         "mean over SAE trials",
