@@ -100,7 +100,7 @@ def _check_mask_options(
 
 
 # Options the Triton kernels implement; any other set option sends "auto" to torch.
-_TRITON_OPTIONS: frozenset[str] = frozenset()
+_TRITON_OPTIONS = frozenset({"window", "chunk", "softcap", "sinks", "key_lo", "key_hi"})
 
 
 def _pick_backend(

@@ -32,6 +32,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
+from .masks import key_visible_counts, row_key_bounds
 from .types import AttentionStats
 
 __all__ = ["KernelConfig", "attention_stats_triton", "default_config"]
@@ -234,6 +235,49 @@ def _load_rows(
 
 
 @triton.jit
+def _tanh(x):
+    """``tanh(x)`` from one ``exp2`` and one division: ``(1 - e) / (1 + e)`` with
+    ``e = 2**(-2 |x| log2 e)`` in (0, 1], sign restored; absolute error ~1e-7."""
+    e = tl.math.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -t, t)
+
+
+@triton.jit
+def _tanh_small(x):
+    """``tanh(x)`` for ``|x| <= 0.5`` on the FMA units: ``x * P(x**2)`` with an odd
+    degree-9 least-squares fit (relative error 1.1e-7 in fp32 over [-0.5, 0.5])."""
+    x2 = x * x
+    p = 0.017125035691564 * x2 - 0.0529810652757724
+    p = p * x2 + 0.1332470049404931
+    p = p * x2 - 0.3333306541153386
+    p = p * x2 + 0.9999999865551432
+    return x * p
+
+
+@triton.jit
+def _qk(a, b, sc_in, sc_out, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Raw products ``a @ b^T`` of two row tiles; with a softcap, mapped through
+    ``sc_out * tanh(sc_in * s)`` (``sc_in = scale / cap``, ``sc_out = cap / scale``), which
+    is the capped score ``cap * tanh(scale * s / cap)`` back in raw-product units, so the
+    callers' ``qk_scale`` and max bookkeeping apply unchanged (tanh is increasing).
+
+    The exponential in the softmax already keeps the special-function unit busy, so a
+    tile whose arguments all lie in [-0.5, 0.5] (scores within half the cap, the usual
+    case) takes tanh from a polynomial on the FMA units; other tiles (a block-uniform
+    branch) take the exp2-based formula.
+    """
+    s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
+    if SOFTCAP:
+        x = sc_in * s
+        if tl.max(tl.max(tl.abs(x), axis=1), axis=0) <= 0.5:
+            s = sc_out * _tanh_small(x)
+        else:
+            s = sc_out * _tanh(x)
+    return s
+
+
+@triton.jit
 def _row_update(
     s,
     m_i,
@@ -258,7 +302,9 @@ def _row_update(
     ``l_i = sum exp2((s - m) qk_scale)`` and ``t_i = sum e (s - m) qk_scale`` (log2 units).
     """
     if MASKED:
-        s = tl.where(valid, s, float("-inf"))
+        # Masked scores become the running max's finite start value (-1e30); their
+        # exponentials are zeroed explicitly below.
+        s = tl.where(valid, s, -1.0e30)
     if ARGMAX == 1:
         # One reduction gives both the tile max and its first index (ties -> lowest).
         m_tile, a_tile = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
@@ -284,18 +330,17 @@ def _row_update(
         m_tile = tl.max(s, axis=1)
     m_new = tl.maximum(m_i, m_tile)
     m_scaled = m_new * qk_scale
-    alpha = tl.math.exp2(m_i * qk_scale - m_scaled)
+    # (m_i - m_new) * qk_scale, not m_i * qk_scale - m_scaled: compiled, the latter is
+    # contracted to an FMA whose rounding residual of -1e30 * qk_scale (~1e22) turned a
+    # row whose first tiles are all masked (windows, padding) into alpha = inf, l = NaN.
+    alpha = tl.math.exp2((m_i - m_new) * qk_scale)
     shifted = s * qk_scale - m_scaled[:, None]
-    # Mode 3's polynomial gives 2**-125 instead of 0 at -inf: never on masked tiles,
-    # where a row that sees no key must keep l = 0.
-    e = _exp2(shifted, EXP if not MASKED or EXP != 3 else 2, ASM)
+    e = _exp2(shifted, EXP, ASM)
+    if MASKED:
+        e = tl.where(valid, e, 0.0)  # a row that sees no key keeps l = 0
     if ENTROPY:
-        # t re-based to the new max; masked entries would give 0 * (-inf) = NaN, so
-        # they are zeroed explicitly.
-        et = e * shifted
-        if MASKED:
-            et = tl.where(valid, et, 0.0)
-        t_i = alpha * (t_i + (m_i - m_new) * qk_scale * l_i) + tl.sum(et, axis=1)
+        # t re-based to the new max (masked entries: e = 0, shifted finite).
+        t_i = alpha * (t_i + (m_i - m_new) * qk_scale * l_i) + tl.sum(e * shifted, axis=1)
     l_i = l_i * alpha + tl.sum(e, axis=1)
     return m_new, l_i, a_i, t_i
 
@@ -314,17 +359,25 @@ def _row_stats_kernel(
     stride_kb,
     stride_kh,
     stride_kn,
+    LO,
+    HI,
+    SINK,
     nq,
     nk,
     q_offset,
     hq,
     group,
     qk_scale,
+    sc_in,
+    sc_out,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    BOUNDS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     ENTROPY: tl.constexpr,
     ARGMAX: tl.constexpr,
     PIPELINE: tl.constexpr,
@@ -371,110 +424,107 @@ def _row_stats_kernel(
     a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
     pos = q_offset + offs_m  # absolute position of each query row
 
-    if CAUSAL:
+    if BOUNDS:
+        # Per-row key intervals [lo, hi] (window, chunk, padding, ...): score the key
+        # tiles from the lowest lo to the highest hi of this tile's rows; the tiles
+        # inside [max lo, min hi] are visible to every row and need no mask. Rows past
+        # nq read an empty interval (lo = nk, hi = -1), which also leaves no full tile.
+        row_ok = offs_m < nq
+        lo = tl.load(LO + b * nq + offs_m, mask=row_ok, other=nk)
+        hi = tl.load(HI + b * nq + offs_m, mask=row_ok, other=-1)
+        k_start = (tl.min(lo, axis=0) // BLOCK_N) * BLOCK_N
+        k_end = tl.max(hi, axis=0) + 1
+        n_lo = tl.minimum(
+            tl.maximum(((tl.max(lo, axis=0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, k_start),
+            tl.maximum(k_end, k_start),
+        )
+        n_full = tl.maximum(((tl.min(hi, axis=0) + 1) // BLOCK_N) * BLOCK_N, n_lo)
+        for n0 in range(k_start, n_lo, BLOCK_N):
+            cols = n0 + offs_n
+            k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
+            s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+            valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+            m_i, l_i, a_i, t_i = _row_update(
+                s, m_i, l_i, a_i, t_i, n0, valid, qk_scale,
+                True, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
+            )  # fmt: skip
+        hi_end = k_end
+    elif CAUSAL:
         # Key tiles entirely visible to every row of this tile need no mask; the
         # tiles from n_full up to hi straddle the diagonal (or the end of k).
+        n_lo = 0
         first_seen = tl.minimum(tl.maximum(q_offset + m0 + 1, 0), nk)
         n_full = (first_seen // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(tl.maximum(q_offset + m0 + BLOCK_M, 0), nk)
+        hi_end = tl.minimum(tl.maximum(q_offset + m0 + BLOCK_M, 0), nk)
     else:
+        n_lo = 0
         n_full = (nk // BLOCK_N) * BLOCK_N
-        hi = nk
+        hi_end = nk
 
     if PIPELINE:
         # Software pipeline: the product for tile n0 is issued before the softmax work
         # on tile n0 - BLOCK_N, so the tensor cores and the exp2 units can overlap.
-        if n_full > 0:
-            k = _load_rows(K, k_base, k_flat0, 0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            for n0 in range(BLOCK_N, n_full, BLOCK_N):
+        if n_full > n_lo:
+            k = _load_rows(
+                K, k_base, k_flat0, n_lo, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST
+            )
+            s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+            for n0 in range(n_lo + BLOCK_N, n_full, BLOCK_N):
                 k = _load_rows(
                     K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST
                 )
-                s_next = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                s_next = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
                 m_i, l_i, a_i, t_i = _row_update(
-                    s,
-                    m_i,
-                    l_i,
-                    a_i,
-                    t_i,
-                    n0 - BLOCK_N,
-                    s,
-                    qk_scale,
-                    False,
-                    ENTROPY,
-                    ARGMAX,
-                    BLOCK_N,
-                    EXP,
-                    ASM,
-                )
+                    s, m_i, l_i, a_i, t_i, n0 - BLOCK_N, s, qk_scale,
+                    False, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
+                )  # fmt: skip
                 s = s_next
             m_i, l_i, a_i, t_i = _row_update(
-                s,
-                m_i,
-                l_i,
-                a_i,
-                t_i,
-                n_full - BLOCK_N,
-                s,
-                qk_scale,
-                False,
-                ENTROPY,
-                ARGMAX,
-                BLOCK_N,
-                EXP,
-                ASM,
-            )
+                s, m_i, l_i, a_i, t_i, n_full - BLOCK_N, s, qk_scale,
+                False, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
+            )  # fmt: skip
     else:
-        for n0 in range(0, n_full, BLOCK_N):
+        for n0 in range(n_lo, n_full, BLOCK_N):
             k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
             m_i, l_i, a_i, t_i = _row_update(
-                s,
-                m_i,
-                l_i,
-                a_i,
-                t_i,
-                n0,
-                s,
-                qk_scale,
-                False,
-                ENTROPY,
-                ARGMAX,
-                BLOCK_N,
-                EXP,
-                ASM,
-            )
+                s, m_i, l_i, a_i, t_i, n0, s, qk_scale,
+                False, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
+            )  # fmt: skip
 
-    for n0 in range(n_full, hi, BLOCK_N):
+    for n0 in range(n_full, hi_end, BLOCK_N):
         cols = n0 + offs_n
         k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        valid = cols[None, :] < nk
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= pos[:, None])
+        s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+        if BOUNDS:
+            valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+        else:
+            valid = cols[None, :] < nk
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= pos[:, None])
         m_i, l_i, a_i, t_i = _row_update(
-            s,
-            m_i,
-            l_i,
-            a_i,
-            t_i,
-            n0,
-            valid,
-            qk_scale,
-            True,
-            ENTROPY,
-            ARGMAX,
-            BLOCK_N,
-            EXP,
-            ASM,
-        )
+            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale,
+            True, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
+        )  # fmt: skip
 
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
     seen = l_i > 0.0
     m2 = m_i * qk_scale  # row max in log2 units
-    lse = tl.where(seen, (m2 + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
     mx = tl.where(seen, m2 * 0.6931471805599453, float("-inf"))
+    if SINKS:
+        # One more logit per row (gpt-oss): rebase (m, l, t) to M = max(m, sink) and add
+        # the sink's term 2**(sink - M). A row without keys gets lse = sink and H = 0;
+        # its (m, l, t) are left out explicitly rather than trusted to vanish.
+        sink2 = tl.load(SINK + h) * LOG2E
+        top = tl.where(seen, tl.maximum(m2, sink2), sink2)
+        alpha = tl.where(seen, tl.math.exp2(m2 - top), 0.0)
+        e_sink = tl.math.exp2(sink2 - top)
+        t_keys = tl.where(seen, alpha * (t_i + (m2 - top) * l_i), 0.0)
+        t_i = t_keys + e_sink * (sink2 - top)
+        l_i = tl.where(seen, alpha * l_i, 0.0) + e_sink
+        lse = (top + tl.math.log2(l_i)) * 0.6931471805599453
+    else:
+        lse = tl.where(seen, (m2 + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
     out = pid_bh * nq + offs_m
     row_ok = offs_m < nq
     tl.store(LSE + out, lse, mask=row_ok)
@@ -484,6 +534,63 @@ def _row_stats_kernel(
         # H = ln l - ln2 * t / l with t in log2 units (see _row_update).
         ent = tl.math.log(l_i) - 0.6931471805599453 * t_i / l_i
         tl.store(ENT + out, tl.where(seen, ent, 0.0), mask=row_ok)
+
+
+@triton.jit
+def _col_tile(
+    acc,
+    k,
+    q_base,
+    lse_base,
+    Q,
+    q_flat0,
+    m0,
+    offs_m,
+    offs_n,
+    nq,
+    stride_qm,
+    d_ok,
+    lo_base,
+    hi_base,
+    q_offset,
+    qk_scale,
+    sc_in,
+    sc_out,
+    MASK: tl.constexpr,
+    BOUNDS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EXP: tl.constexpr,
+    ASM: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Add ``sum_i p_ij`` over the query rows ``m0 + offs_m`` to the key tile's ``acc``.
+
+    ``MASK``: apply the visibility of each (key, row) pair: the row's ``[lo, hi]`` with
+    ``BOUNDS``, else the causal rule; it also drops rows without keys, whose lse = -inf
+    would give ``exp2(+inf)`` (unmasked ``BOUNDS`` tiles drop them through their lse).
+    Rows past ``nq`` read lse = +inf, so their terms are 0.
+    """
+    rows = m0 + offs_m
+    q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
+    lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+    if BOUNDS:
+        lo = tl.load(lo_base + rows, mask=rows < nq, other=0)
+        hi = tl.load(hi_base + rows, mask=rows < nq, other=-1)
+        if not MASK:
+            # Rows that see no key can sit in an unmasked tile; their lse (-inf, or the
+            # sink logit) must not turn into probabilities.
+            lse2 = tl.where(lo <= hi, lse2, float("inf"))
+    st = _qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)  # [BLOCK_N, BLOCK_M]
+    p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
+    if MASK:
+        if BOUNDS:
+            ok = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :])
+        else:
+            ok = offs_n[:, None] <= q_offset + rows[None, :]
+        p = tl.where(ok, p, 0.0)
+    return acc + tl.sum(p, axis=1)
 
 
 @triton.jit
@@ -499,17 +606,26 @@ def _col_stats_kernel(
     stride_kb,
     stride_kh,
     stride_kn,
+    LO,
+    HI,
+    MRANGE,
+    COUNT,
     nq,
     nk,
     q_offset,
     hq,
     group,
     qk_scale,
+    sc_in,
+    sc_out,
+    n_tiles,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CAUSAL: tl.constexpr,
+    BOUNDS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     PIPELINE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -543,69 +659,98 @@ def _col_stats_kernel(
         K, k_base, k_flat0, n0, tl.arange(0, BLOCK_N), nk, stride_kn, d_ok, True, TMA, UPCAST
     )
     lse_base = LSE + pid_bh * nq
+    lo_base = LO + b * nq
+    hi_base = HI + b * nq
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
 
-    if CAUSAL:
-        # First query that sees key n0 is i = n0 - q_offset; queries from
-        # n0 + BLOCK_N - 1 - q_offset on see every key of the tile (no mask needed).
-        m_lo = (tl.minimum(tl.maximum(n0 - q_offset, 0), nq) // BLOCK_M) * BLOCK_M
-        all_seen = tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0)
-        m_mid = tl.maximum(((all_seen + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_lo)
+    if BOUNDS:
+        # MRANGE[b, tile] = (first, full_lo, full_hi, stop): rows [first, stop) hold every
+        # row that sees a key of this tile, rows [full_lo, full_hi) see all of them (or
+        # none: those get p = 0 from their lse, see _col_tile); prepared by
+        # _query_ranges. Query tiles inside the full rows run unmasked, in a loop of
+        # their own so that it stays software-pipelined.
+        r = MRANGE + (b * n_tiles + pid_n) * 4
+        m_stop = tl.load(r + 3)
+        m_start = (tl.load(r) // BLOCK_M) * BLOCK_M
+        f0 = tl.maximum(((tl.load(r + 1) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_start)
+        f1 = tl.maximum((tl.load(r + 2) // BLOCK_M) * BLOCK_M, f0)
+        for m0 in range(m_start, tl.minimum(f0, m_stop), BLOCK_M):
+            acc = _col_tile(
+                acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
+                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
+                True, BOUNDS, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+            )  # fmt: skip
+        for m0 in range(f0, f1, BLOCK_M):
+            acc = _col_tile(
+                acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
+                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
+                False, BOUNDS, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+            )  # fmt: skip
+        for m0 in range(f1, m_stop, BLOCK_M):
+            acc = _col_tile(
+                acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
+                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
+                True, BOUNDS, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+            )  # fmt: skip
     else:
-        m_lo = 0
-        m_mid = 0
+        if CAUSAL:
+            # First query that sees key n0 is i = n0 - q_offset; queries from
+            # n0 + BLOCK_N - 1 - q_offset on see every key of the tile (no mask needed).
+            m_lo = (tl.minimum(tl.maximum(n0 - q_offset, 0), nq) // BLOCK_M) * BLOCK_M
+            all_seen = tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0)
+            m_mid = tl.maximum(((all_seen + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_lo)
+        else:
+            m_lo = 0
+            m_mid = 0
 
-    for m0 in range(m_lo, m_mid, BLOCK_M):
-        rows = m0 + offs_m
-        q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
-        # Rows past nq read lse = +inf, so their exp2(s - inf) is exactly 0.
-        lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [BLOCK_N, BLOCK_M]
-        p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
-        # Causal mask; it also drops rows with lse = -inf (positions < 0 see no key),
-        # whose exp2(+inf) would otherwise poison the sum.
-        p = tl.where(offs_n[:, None] <= q_offset + rows[None, :], p, 0.0)
-        acc += tl.sum(p, axis=1)
+        for m0 in range(m_lo, m_mid, BLOCK_M):
+            acc = _col_tile(
+                acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
+                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
+                True, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+            )  # fmt: skip
 
-    if PIPELINE:
-        # Software pipeline as in the row kernel: issue tile m0's product, then do the
-        # exp2 work of the previous tile.
-        if m_mid < nq:
-            rows = m_mid + offs_m
-            q = _load_rows(
-                Q, q_base, q_flat0, m_mid, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
-            )
-            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-            for m0 in range(m_mid + BLOCK_M, nq, BLOCK_M):
-                rows = m0 + offs_m
+        if PIPELINE:
+            # Software pipeline as in the row kernel: issue tile m0's product, then do
+            # the exp2 work of the previous tile.
+            if m_mid < nq:
+                rows = m_mid + offs_m
                 q = _load_rows(
-                    Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
+                    Q, q_base, q_flat0, m_mid, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
                 )
-                lse2_next = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-                st_next = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+                lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+                st = _qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)
+                for m0 in range(m_mid + BLOCK_M, nq, BLOCK_M):
+                    rows = m0 + offs_m
+                    q = _load_rows(
+                        Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
+                    )
+                    lse2_next = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
+                    st_next = _qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)
+                    acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
+                    st = st_next
+                    lse2 = lse2_next
                 acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
-                st = st_next
-                lse2 = lse2_next
-            acc += tl.sum(_exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
-    else:
-        for m0 in range(m_mid, nq, BLOCK_M):
-            rows = m0 + offs_m
-            q = _load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
-            lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-            st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-            p = _exp2(st * qk_scale - lse2[None, :], EXP, ASM)
-            acc += tl.sum(p, axis=1)
+        else:
+            for m0 in range(m_mid, nq, BLOCK_M):
+                acc = _col_tile(
+                    acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
+                    d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
+                    False, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+                )  # fmt: skip
 
     out = pid_bh * nk + offs_n
     tl.store(COL + out, acc, mask=offs_n < nk)
-    # col_mean divides by the analytic count of queries that see key j (see
-    # visible_query_count); fused here to spare ~6 small torch kernels per call.
-    if CAUSAL:
-        count = nq - tl.minimum(tl.maximum(offs_n - q_offset, 0), nq)
+    # col_mean divides by the number of queries that see key j: analytic under the
+    # causal rule (see visible_query_count), else counted once per batch row on the
+    # host (key_visible_counts); fused here to spare small torch kernels per call.
+    if BOUNDS:
+        count = tl.load(COUNT + b * nk + offs_n, mask=offs_n < nk, other=0.0)
+    elif CAUSAL:
+        count = (nq - tl.minimum(tl.maximum(offs_n - q_offset, 0), nq)).to(tl.float32)
     else:
-        count = tl.full([BLOCK_N], nq, dtype=tl.int32)
-    mean = tl.where(count > 0, acc / tl.maximum(count, 1).to(tl.float32), 0.0)
+        count = tl.full([BLOCK_N], nq, dtype=tl.float32)
+    mean = tl.where(count > 0, acc / tl.maximum(count, 1.0), 0.0)
     tl.store(COL_MEAN + out, mean, mask=offs_n < nk)
 
 
@@ -618,7 +763,12 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 @dataclass(frozen=True)
 class _Launch:
-    """Arguments shared by both kernel launches (prepared once by _prepare)."""
+    """Arguments shared by both kernel launches (prepared once by _prepare).
+
+    ``lo`` / ``hi`` (int32 ``[b, nq]``) are the per-row key intervals when a window, a
+    chunk or ``key_lo`` / ``key_hi`` is given (the kernels then skip tiles by them);
+    None for the plain causal / full masks, which the kernels derive from ``q_offset``.
+    """
 
     q: Tensor
     k: Tensor
@@ -635,6 +785,11 @@ class _Launch:
     upcast: bool
     tma: bool
     cfg: KernelConfig
+    lo: Tensor | None = None
+    hi: Tensor | None = None
+    softcap_in: float = 0.0  # scale / softcap (0: no softcap)
+    softcap_out: float = 0.0  # softcap / scale
+    sinks: Tensor | None = None  # float32 [hq]
 
 
 def _prepare(
@@ -645,6 +800,12 @@ def _prepare(
     scale: float | None,
     q_offset: int | None,
     config: KernelConfig | None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    key_lo: Tensor | None = None,
+    key_hi: Tensor | None = None,
 ) -> _Launch:
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -685,6 +846,13 @@ def _prepare(
         and k.data_ptr() % 16 == 0
         and torch.cuda.get_device_capability(q.device)[0] >= 9
     )
+    lo = hi = None
+    if window is not None or chunk is not None or key_lo is not None or key_hi is not None:
+        lo, hi = row_key_bounds(
+            b, nq, nk, causal=causal, q_offset=int(q_offset), window=window, chunk=chunk,
+            key_lo=key_lo, key_hi=key_hi, device=q.device,
+        )  # fmt: skip
+        lo, hi = lo.to(torch.int32), hi.to(torch.int32)
     return _Launch(
         q=q,
         k=k,
@@ -701,6 +869,11 @@ def _prepare(
         upcast=upcast,
         tma=tma,
         cfg=cfg,
+        lo=lo,
+        hi=hi,
+        softcap_in=float(scale) / softcap if softcap is not None else 0.0,
+        softcap_out=softcap / float(scale) if softcap is not None else 0.0,
+        sinks=None if sinks is None else sinks.to(device=q.device, dtype=torch.float32),
     )
 
 
@@ -716,6 +889,41 @@ def _operands(L: _Launch, q_rows: int, k_rows: int, use: bool):
         TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [q_rows, L.d]),
         TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [k_rows, L.d]),
     )
+
+
+def _query_ranges(lo: Tensor, hi: Tensor, nk: int, block_n: int) -> Tensor:
+    """For each batch row and key tile, the query rows the column pass visits:
+    int32 ``[b, tiles, 4]`` = ``(first, full_lo, full_hi, stop)``.
+
+    ``[first, stop)`` holds every row that sees a key of the tile: ``first`` is the first
+    row with ``hi >= tile start`` (where the running max of ``hi`` reaches it), ``stop``
+    one past the last row with ``lo <= tile end`` (where the running min of ``lo`` from
+    the end does); exact when ``lo`` and ``hi`` never decrease along the rows (causal,
+    window, chunk, padding), a superset otherwise. ``[full_lo, full_hi)`` are rows that
+    see every key of the tile or none (``lo <= start`` for all rows before ``full_hi``,
+    by the running max of ``lo``; ``hi >= end`` for all rows from ``full_lo``, by the
+    running min of ``hi`` from the end; rows without keys count as seeing all): those
+    need no mask. Both envelopes are sorted, so each bound is one search.
+    """
+    b = lo.shape[0]
+    starts = torch.arange(0, nk, block_n, device=lo.device, dtype=lo.dtype)
+    ends = torch.clamp(starts + block_n, max=nk) - 1
+    starts, ends = starts.expand(b, -1).contiguous(), ends.expand(b, -1).contiguous()
+
+    def rising_max(x: Tensor) -> Tensor:
+        return x.cummax(dim=1).values.contiguous()
+
+    def falling_min(x: Tensor) -> Tensor:  # min over this row and every later one
+        return x.flip(1).cummin(dim=1).values.flip(1).contiguous()
+
+    first = torch.searchsorted(rising_max(hi), starts, side="left")
+    stop = torch.searchsorted(falling_min(lo), ends, side="right")
+    empty = lo > hi
+    full_hi = torch.searchsorted(rising_max(lo.masked_fill(empty, 0)), starts, side="right")
+    full_lo = torch.searchsorted(falling_min(hi.masked_fill(empty, nk)), ends, side="left")
+    full_lo = torch.maximum(full_lo, first)
+    full_hi = torch.minimum(full_hi, stop)
+    return torch.stack([first, full_lo, full_hi, stop], dim=-1).to(torch.int32).contiguous()
 
 
 def _launch_row(
@@ -740,17 +948,25 @@ def _launch_row(
         L.k.stride(0),
         L.k.stride(1),
         L.k.stride(2),
+        L.lo if L.lo is not None else arg,  # unused pointers without BOUNDS / SINKS
+        L.hi if L.hi is not None else arg,
+        L.sinks if L.sinks is not None else lse,
         L.nq,
         L.nk,
         L.q_offset,
         L.hq,
         L.hq // L.hkv,
         L.qk_scale,
+        L.softcap_in,
+        L.softcap_out,
         D=L.d,
         BLOCK_D=max(16, triton.next_power_of_2(L.d)),
         BLOCK_M=cfg.row_block_m,
         BLOCK_N=cfg.row_block_n,
         CAUSAL=L.causal,
+        BOUNDS=L.lo is not None,
+        SOFTCAP=L.softcap_in > 0,
+        SINKS=L.sinks is not None,
         ENTROPY=ent is not None,
         ARGMAX=cfg.argmax_mode if argmax else 0,
         PIPELINE=cfg.row_pipeline,
@@ -769,8 +985,13 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> N
     if L.nk == 0:
         return
     cfg = L.cfg
-    grid = (triton.cdiv(L.nk, cfg.col_block_n), L.b * L.hq)
+    n_tiles = triton.cdiv(L.nk, cfg.col_block_n)
+    grid = (n_tiles, L.b * L.hq)
     q, k = _operands(L, cfg.col_block_m, cfg.col_block_n, cfg.col_tma)
+    bounds = L.lo is not None
+    if bounds:
+        mrange = _query_ranges(L.lo, L.hi, L.nk, cfg.col_block_n)
+        count = key_visible_counts(L.lo.long(), L.hi.long(), L.nk)
     _col_stats_kernel[grid](
         q,
         k,
@@ -783,17 +1004,26 @@ def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> N
         L.k.stride(0),
         L.k.stride(1),
         L.k.stride(2),
+        L.lo if bounds else lse,  # unused pointers without BOUNDS
+        L.hi if bounds else lse,
+        mrange if bounds else lse,
+        count if bounds else lse,
         L.nq,
         L.nk,
         L.q_offset,
         L.hq,
         L.hq // L.hkv,
         L.qk_scale,
+        L.softcap_in,
+        L.softcap_out,
+        n_tiles,
         D=L.d,
         BLOCK_D=max(16, triton.next_power_of_2(L.d)),
         BLOCK_N=cfg.col_block_n,
         BLOCK_M=cfg.col_block_m,
         CAUSAL=L.causal,
+        BOUNDS=bounds,
+        SOFTCAP=L.softcap_in > 0,
         PIPELINE=cfg.col_pipeline,
         PRECISION=L.precision,
         UPCAST=L.upcast,
@@ -814,6 +1044,12 @@ def attention_stats_triton(
     key_stats: bool = True,
     entropy: bool = False,
     q_offset: int | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    key_lo: Tensor | None = None,
+    key_hi: Tensor | None = None,
     config: KernelConfig | None = None,
 ) -> AttentionStats:
     """Triton implementation of :func:`headhunt.kernels.attention_stats`.
@@ -827,12 +1063,17 @@ def attention_stats_triton(
         key_stats: Run the second (column) pass for ``col_sum`` / ``col_mean``.
         entropy: Accumulate per-query entropy in the first pass.
         q_offset: Absolute position of query 0; defaults to ``nk - nq``.
+        window, chunk, softcap, sinks, key_lo, key_hi: As in
+            :func:`headhunt.kernels.attention_stats` (validated there).
         config: Tile sizes / warps / stages; defaults to :func:`default_config`.
 
     Returns:
         The statistics (float32, int64 argmax) on ``q``'s device.
     """
-    L = _prepare(q, k, causal=causal, scale=scale, q_offset=q_offset, config=config)
+    L = _prepare(
+        q, k, causal=causal, scale=scale, q_offset=q_offset, config=config, window=window,
+        chunk=chunk, softcap=softcap, sinks=sinks, key_lo=key_lo, key_hi=key_hi,
+    )  # fmt: skip
     dev = L.q.device
     shape = (L.b, L.hq, L.nq)
     lse = _alloc(shape, torch.float32, dev)

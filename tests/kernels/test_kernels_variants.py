@@ -9,6 +9,7 @@ row of a block sees, so these tests also check the interval bookkeeping.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from types import SimpleNamespace
 
@@ -46,6 +47,9 @@ CASES = [
     ("chunk-offset", 2, 3, 1, 20, 40, 16, True, 13, dict(chunk=8), "none", torch.bfloat16),
     ("softcap", 1, 4, 2, 37, 37, 16, True, None, dict(softcap=3.0), "none", torch.float32),
     ("softcap-nc", 1, 2, 2, 20, 33, 16, False, None, dict(softcap=5.0), "none", torch.float32),
+    # Scores within half the cap (Triton's polynomial tanh), and a mix of both tile kinds.
+    ("softcap-50", 1, 4, 2, 37, 37, 16, True, None, dict(softcap=50.0), "none", torch.float32),
+    ("softcap-30", 2, 4, 2, 40, 40, 16, True, None, dict(softcap=30.0), "none", torch.float32),
     ("sinks", 2, 4, 2, 30, 30, 16, True, None, dict(sinks=True), "none", torch.float32),
     ("sinks-empty", 1, 4, 1, 20, 24, 16, True, -6, dict(sinks=True), "none", torch.float32),
     ("leftpad", 3, 6, 2, 33, 33, 16, True, None, {}, "leftpad", torch.float32),
@@ -100,6 +104,94 @@ def test_torch_variants_match_dense(case, oracle):
     oracle.check(st, ref, tol=TOL[q.dtype])
     st2 = attention_stats(q, k, entropy=True, backend="torch", **kw)
     oracle.check(st2, ref, tol=TOL[q.dtype])
+
+
+def _triton():
+    """The Triton module, compiled on CUDA or interpreted on the CPU (conftest.py)."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("no CUDA and the Triton interpreter is off")
+    from headhunt.kernels import triton_stats
+
+    return triton_stats
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Under the interpreter every tile costs Python time: one case per feature.
+TRITON_CASES = [
+    c
+    for c in CASES
+    if c[0]
+    in {"window", "window-decode", "chunk-offset", "softcap", "softcap-30", "sinks-empty", "leftpad",
+        "intervals", "all", "decode-all"}
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: exp2(-inf), log(0)
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
+def test_triton_variants_match_dense(case, oracle, poison):
+    _triton()
+    q, k, kw = make_case(case, DEVICE)
+    st = attention_stats(q, k, entropy=True, backend="triton", **kw)
+    oracle.check(st, oracle.dense(q, k, **kw), tol=TOL[q.dtype])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", ["all", "intervals", "chunk-sinks-pad"])
+def test_triton_variant_tiles_and_pipelines(name, oracle, poison):
+    # Other tile shapes move the interval edges inside the tiles and change which tiles
+    # are skipped, masked or full; the software-pipelined loops must agree too.
+    ts = _triton()
+    small = dict(row_warps=1, row_stages=1, col_warps=1, col_stages=1)
+    configs = [
+        ts.KernelConfig(32, 16, col_block_n=16, col_block_m=32, **small),
+        ts.KernelConfig(16, 32, col_block_n=32, col_block_m=16, argmax_mode=2,
+                        row_pipeline=True, col_pipeline=True, **small),
+    ]  # fmt: skip
+    if torch.cuda.is_available():
+        configs = [ts.default_config(16), ts.KernelConfig(row_pipeline=True, argmax_mode=3)]
+    case = next(c for c in CASES if c[0] == name)
+    q, k, kw = make_case(case, DEVICE)
+    ref = oracle.dense(q, k, **kw)
+    for cfg in configs:
+        st = ts.attention_stats_triton(q, k, entropy=True, config=cfg, **kw)
+        oracle.check(st, ref, tol=TOL[q.dtype])
+
+
+@pytest.mark.parametrize("kind", ["random", "leftpad-window"])
+def test_triton_query_ranges(kind, oracle):
+    # For every key tile, [first, stop) must hold every row that sees one of its keys,
+    # whatever the intervals (random ones: some empty, not monotone), and be exactly their
+    # span for monotone ones (causal + window + left padding); the rows [full_lo, full_hi)
+    # that run unmasked must see all of the tile's keys or none.
+    ts = _triton()
+    gen = torch.Generator().manual_seed(3)
+    b, nq, nk, block = 3, 40, 50, 8
+    if kind == "random":
+        kw = dict(causal=False, q_offset=0)
+        kw["key_lo"], kw["key_hi"] = _bounds("random", b, nq, nk, gen)
+    else:
+        kw = dict(causal=True, q_offset=10, window=13, key_lo=_bounds("leftpad", b, nq, nk, gen)[0])
+    ranges = ts._query_ranges(*row_key_bounds(b, nq, nk, **kw), nk, block)
+    vis = oracle.visible(b, nq, nk, **kw)
+    full_tiles = 0
+    for bi in range(b):
+        for t in range(-(-nk // block)):
+            tile = vis[bi, :, t * block : (t + 1) * block]
+            first, full_lo, full_hi, stop = ranges[bi, t].tolist()
+            # Rows [full_lo, full_hi) see every key of the tile or none of them.
+            sees = tile[full_lo:full_hi]
+            assert (sees.all(-1) | ~sees.any(-1)).all()
+            full_tiles += full_hi > full_lo
+            rows = tile.any(-1).nonzero().flatten()
+            if not len(rows):
+                continue
+            lo_row, hi_row = rows.min().item(), rows.max().item() + 1
+            assert first <= lo_row and stop >= hi_row
+            if kind != "random":
+                assert (first, stop) == (lo_row, hi_row)
+    if kind != "random":
+        assert full_tiles > 0
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -229,3 +321,25 @@ def test_backend_routing_never_drops_an_option(monkeypatch):
     with pytest.raises(ValueError, match="does not support sinks"):
         api._pick_backend("triton", cuda_q, 8, opts)
     assert api._pick_backend("triton", cuda_q, 8, dict(opts, sinks=None)) == "triton"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_variants_default_tiles(d, oracle, poison):
+    # Lengths where the default tiles (64 x 128) leave skipped, full and masked tiles in
+    # both passes; bf16 as models run.
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    b, hq, hkv, n = 2, 8, 2, 1500
+    q = torch.randn(b, hq, n, d, device="cuda", generator=gen).bfloat16()
+    k = torch.randn(b, hkv, n, d, device="cuda", generator=gen).bfloat16()
+    key_lo = torch.tensor([[0], [100]], device="cuda").expand(b, n).contiguous()
+    sinks = torch.randn(hq, device="cuda", generator=gen)
+    for kw in [
+        dict(window=300),
+        dict(key_lo=key_lo),
+        dict(window=257, sinks=sinks, key_lo=key_lo),
+        dict(chunk=384, softcap=4.0),
+        dict(softcap=30.0, sinks=sinks),
+    ]:
+        st = attention_stats(q, k, entropy=True, **kw)
+        oracle.check(st, oracle.dense(q, k, **kw), tol=1e-2)
