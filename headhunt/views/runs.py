@@ -58,6 +58,10 @@ def scan_runs(root: str | Path) -> list[RunEntry]:
         except HeadhuntError as e:
             entries.append(RunEntry(path, name, None, str(e)))
             continue
+        bad = manifest_problem(run.manifest)
+        if bad is not None:
+            entries.append(RunEntry(path, name, None, f"{MANIFEST} {bad}"))
+            continue
         listed = run.manifest.get("files") or [SCORES]
         missing = [f for f in listed if not (path / f).exists()]
         if SCORES not in listed and not (path / SCORES).exists():
@@ -84,6 +88,35 @@ def scan_runs(root: str | Path) -> list[RunEntry]:
                 )
             )
     return entries
+
+
+# The manifest entries the views read, and the types they must have.
+_SHAPE_KEYS = ("n_layers", "n_heads", "n_kv_heads")
+
+
+def manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """What in a manifest has a type the views cannot read ("has model.n_layers 'many', not a
+    whole number"), or None."""
+    if not isinstance(manifest.get("method"), str):
+        return f"has method {manifest.get('method')!r}, not a name"
+    for key, kind in (("model", dict), ("parameters", dict), ("files", list)):
+        if key in manifest and not isinstance(manifest[key], kind):
+            return (
+                f"has {key} {_short(manifest[key])}, not a {'list' if kind is list else 'mapping'}"
+            )
+    model = manifest.get("model") or {}
+    for key in _SHAPE_KEYS:
+        v = model.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return f"has model.{key} {_short(v)}, not a positive whole number"
+    if not all(isinstance(f, str) for f in manifest.get("files") or []):
+        return "lists files that are not names"
+    return None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def runs_root_problem(root: str | Path) -> str | None:

@@ -95,11 +95,10 @@ def head_spread(run: Run, layer: int, head: int) -> pd.DataFrame:
                             "value": float(r[key][layer * n_heads + head]),
                         }
                     )
-    cols = ["unit", "source", "metric", "value", "counted"]
-    df = pd.DataFrame(rows, columns=cols)
-    df["counted"] = df["counted"].fillna(True).astype(bool)
-    df["source"] = df["source"].fillna("")
-    return df
+    rows = [{"source": "", "counted": True, **r} for r in rows]  # the defaults of other methods
+    return pd.DataFrame(rows, columns=["unit", "source", "metric", "value", "counted"]).astype(
+        {"source": str, "counted": bool}
+    )
 
 
 def spread_summary(spread: pd.DataFrame) -> pd.DataFrame:

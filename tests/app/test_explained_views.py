@@ -174,3 +174,31 @@ def test_metrics_have_definitions_and_shading_has_a_legend(monkeypatch, runs_roo
         assert hi.metric_info(metric) is not None, metric
     page = hi.shade_tokens_html(["a", "b"], [0.2, 0.8], query=1, sinks=[0])
     assert "attention weight: 0" in page and "0.8" in page and "sink token" in page
+
+
+@pytest.mark.parametrize(
+    ("patch", "says"),
+    [
+        ({"model": "abc"}, "has model 'abc', not a mapping"),
+        ({"model": {"spec": "x", "n_layers": "many", "n_heads": 4}}, "model.n_layers 'many'"),
+        ({"parameters": [1, 2]}, "has parameters [1, 2], not a mapping"),
+        ({"method": 3}, "has method 3, not a name"),
+    ],
+)
+def test_a_manifest_with_wrong_types_is_listed_with_the_reason(monkeypatch, tmp_path, patch, says):
+    from run_fixtures import retrieval_run
+
+    root = tmp_path / "runs"
+    good = retrieval_run(root / "good", "tiny")
+    bad = retrieval_run(root / "bad", "tiny")
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**manifest, **patch}))
+    at = start(monkeypatch, root, run="bad")
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("bad" in w.value and says in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
+    assert at.sidebar.selectbox(key="run").value == str(good)
+    for page in ("Heads map", "Head detail", "Interventions", "Circuits"):
+        goto(at, page)
+        assert not at.exception, (page, [e.value for e in at.exception])

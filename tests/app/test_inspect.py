@@ -141,7 +141,7 @@ def test_views_ranks_and_spread_read_back_what_was_written(tmp_path):
 
     rrun = load_run(retrieval_run(tmp_path / "rt", "tiny"))
     trials = hi.needle_trials(rrun, 0, 3)
-    records = [json.loads(x) for x in (rrun.path / "trials.jsonl").open()]
+    records = [json.loads(x) for x in (rrun.path / "trials.jsonl").read_text().splitlines()]
     assert list(trials["score"]) == [r["scores"][0][3] for r in records]
     assert list(trials["depth %"]) == [0, 50, 100]
     df, rho = hi.compare_runs(

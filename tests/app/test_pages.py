@@ -130,7 +130,9 @@ def test_head_detail_shows_scores_spread_and_needle_hits(monkeypatch, runs_root)
         "Where its argmax landed: the needle",
     ]
     trials = [d.value for d in at.dataframe if "on_needle" in d.value.columns][0]
-    records = [json.loads(x) for x in (runs_root / "retrieval-tiny/trials.jsonl").open()]
+    records = [
+        json.loads(x) for x in (runs_root / "retrieval-tiny/trials.jsonl").read_text().splitlines()
+    ]
     assert list(trials["on_needle"]) == [r["on_needle"][1][2] for r in records]
     assert list(trials["counted"]) == [True, True, False]
 
