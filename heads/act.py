@@ -164,10 +164,13 @@ class ActHook(AttentionHook):
         heads = self.by_layer.get(call.layer)
         if not heads:
             return output
-        if call.attention_mask is not None and not _is_causal_only(call):
-            # Padding breaks the per-key row counts s_j is normalised by.
+        kw = call.kernel_kwargs()
+        if not kw["causal"] or {"key_lo", "window", "chunk", "sinks"} & set(kw):
+            # Padding, windows and chunks break the per-key row counts s_j is normalised by;
+            # with learned sinks the rows do not sum to 1.
             raise HeadhuntError(
-                "ACT calibration needs batches without padding masks (right-pad, no mask)"
+                f"ACT calibration needs plain causal attention: layer {call.layer} has padding "
+                "masks, a sliding window, chunks or learned sinks (right-pad, no mask)"
             )
         new, sink_mass, state = self._calibrated(call, heads)
         self.state[call.layer] = state
@@ -184,13 +187,10 @@ class ActHook(AttentionHook):
         q, k, v = call.query, call.key, call.value
         b, hq, nq, _ = q.shape
         hkv, nk = k.shape[1], k.shape[2]
-        group = hq // hkv
         off = nk - nq
         dev = q.device
         idx = torch.tensor(heads, device=dev)
-        qh = q[:, idx].float() * call.scaling
-        kh = k[:, idx // group].float()  # only the selected heads' kv heads, no full repeat
-        vh = v[:, idx // group].float()
+        vh = v[:, idx // (hq // hkv)].float()  # only the selected heads' kv heads
         carry = torch.zeros(b, len(heads), nk, device=dev)
         if off > 0:
             prev = self.state.get(call.layer)
@@ -207,9 +207,8 @@ class ActHook(AttentionHook):
             i1 = min(nq, i0 + chunk)
             kmax = off + i1  # keys visible to the chunk's last row
             pos = torch.arange(off + i0, off + i1, device=dev)
-            scores = qh[:, :, i0:i1] @ kh[:, :, :kmax].transpose(-1, -2)
-            future = torch.arange(kmax, device=dev)[None, :] > pos[:, None]
-            probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+            # The model's own probabilities (scale, softcap); keys past kmax are all zero.
+            probs = call.probs(slice(i0, i1), heads)[..., :kmax]
             cum = carry[..., None, :kmax] + probs.cumsum(-2)
             sinks = causal_sink_mask(
                 cum,
@@ -222,16 +221,6 @@ class ActHook(AttentionHook):
             out[:, :, i0:i1] = calibrate_rows(probs, sinks, cfg.beta) @ vh[:, :, :kmax]
             carry[..., :kmax] = cum[..., -1, :]
         return out, sink_mass, carry
-
-
-def _is_causal_only(call: AttentionCall) -> bool:
-    """Whether the model's mask only encodes causality (no padding)."""
-    mask = call.attention_mask
-    nq, nk = call.query.shape[2], call.key.shape[2]
-    mask = mask[..., -nq:, :nk]
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    causal = torch.ones(nq, nk, dtype=torch.bool, device=mask.device).tril(nk - nq)
-    return bool((allowed == causal).all())
 
 
 @contextlib.contextmanager

@@ -20,9 +20,11 @@ class HeadMask(AttentionHook):
     """Masks chosen query heads.
 
     Modes:
-        "query": zero the head's query, so its attention becomes uniform over the keys it may
-            see (Wu et al.'s masking on the flash path; their eager path zeroes the scores,
-            which is the same distribution).
+        "query": zero the head's query, so all its scores become 0: its attention becomes
+            uniform over the keys it may see (Wu et al.'s masking on the flash path; their eager
+            path zeroes the scores, which is the same distribution). The model's kernel still
+            applies everything else (mask, window, softcap, learned sinks: with a sink the keys
+            share what the sink leaves), since the hook only changes the query.
         "output": zero the head's output before the output projection (pruning).
     """
 

@@ -376,13 +376,14 @@ class RecallHook(AttentionHook):
         q, k = call.query, call.key
         if q.shape[2] != k.shape[2]:
             raise HeadhuntError("recall-head scoring needs a full forward pass (no KV cache)")
-        lse = attention_stats(q, k, scale=call.scaling, key_stats=False).lse
+        kw = call.kernel_kwargs()  # the layer's mask, window, softcap and sinks
+        lse = attention_stats(q, k, **kw, key_stats=False).lse
         b, hq = q.shape[:2]
         pr = self.probe
 
         def at(qi: Tensor, ki: Tensor) -> Tensor:
             idx = lambda x: x.to(q.device)[:, None, :].expand(b, hq, -1)  # noqa: E731
-            return attention_probs_at(q, k, lse, idx(qi), idx(ki), scale=call.scaling)
+            return attention_probs_at(q, k, lse, idx(qi), idx(ki), **kw)
 
         s = torch.stack(
             [

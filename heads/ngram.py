@@ -144,16 +144,15 @@ def match_pairs(ids: Sequence[int] | np.ndarray | Tensor, k_max: int) -> MatchPa
 
 
 def _probs(
-    q: Tensor, k: Tensor, lse: Tensor, qi: Tensor, ki: Tensor, scale: float, chunk: int
+    q: Tensor, k: Tensor, lse: Tensor, qi: Tensor, ki: Tensor, kw: dict, chunk: int
 ) -> Float[Tensor, "hq m"]:
-    """Exact attention probabilities of pairs (qi, ki) for one batch row, in chunks."""
+    """Exact attention probabilities of pairs (qi, ki) for one batch row, in chunks; ``kw``
+    describes the layer's attention (:meth:`AttentionCall.kernel_kwargs`)."""
     from headhunt.kernels import attention_probs_at
 
     out = []
     for s in range(0, len(qi), chunk):
-        out.append(
-            attention_probs_at(q, k, lse, qi[s : s + chunk], ki[s : s + chunk], scale=scale)[0]
-        )
+        out.append(attention_probs_at(q, k, lse, qi[s : s + chunk], ki[s : s + chunk], **kw)[0])
     if not out:
         return torch.zeros(q.shape[1], 0)
     return torch.cat(out, 1).cpu()
@@ -208,10 +207,10 @@ class NgramHook(AttentionHook):
         q, k = call.query, call.key
         if q.shape[2] != k.shape[2]:
             raise HeadhuntError("n-gram scoring needs a full forward pass (no KV cache)")
-        lse = attention_stats(q, k, scale=call.scaling, key_stats=False).lse
+        lse = attention_stats(q, k, **call.kernel_kwargs(), key_stats=False).lse
         for b, mp in enumerate(self.pairs):
             self.results[b][call.layer] = _score_row(
-                q[b : b + 1], k[b : b + 1], lse[b : b + 1], mp, call.scaling, self.cfg
+                q[b : b + 1], k[b : b + 1], lse[b : b + 1], mp, call.kernel_kwargs(b), self.cfg
             )
 
 
@@ -220,19 +219,19 @@ def _score_row(
     k: Float[Tensor, "1 hkv n d"],
     lse: Float[Tensor, "1 hq n"],
     mp: MatchPairs,
-    scale: float,
+    kw: dict,
     cfg: NgramConfig,
 ) -> dict[str, Tensor]:
     n, hq, K, dev = mp.n, q.shape[1], cfg.k_max, q.device
     ar = torch.arange(n, device=dev)
     zero = torch.zeros_like(ar)
-    a_diag = _probs(q, k, lse, ar, ar, scale, cfg.chunk_pairs)  # [hq, n]
-    a_bos = _probs(q, k, lse, ar, zero, scale, cfg.chunk_pairs)
-    a_prev = _probs(q, k, lse, ar[1:], ar[:-1], scale, cfg.chunk_pairs)  # query t = 1..n-1
+    a_diag = _probs(q, k, lse, ar, ar, kw, cfg.chunk_pairs)  # [hq, n]
+    a_bos = _probs(q, k, lse, ar, zero, kw, cfg.chunk_pairs)
+    a_prev = _probs(q, k, lse, ar[1:], ar[:-1], kw, cfg.chunk_pairs)  # query t = 1..n-1
     t = torch.from_numpy(mp.t)
     p = torch.from_numpy(mp.p)
-    a_dup = _probs(q, k, lse, t.to(dev), p.to(dev), scale, cfg.chunk_pairs)  # [hq, m]
-    a_ind = _probs(q, k, lse, t.to(dev), (p + 1).to(dev), scale, cfg.chunk_pairs)
+    a_dup = _probs(q, k, lse, t.to(dev), p.to(dev), kw, cfg.chunk_pairs)  # [hq, m]
+    a_ind = _probs(q, k, lse, t.to(dev), (p + 1).to(dev), kw, cfg.chunk_pairs)
 
     # TransformerLens "mul": sum(A' * D) / sum(A'), A' = A with the excluded keys zeroed.
     row = torch.ones(hq, n)

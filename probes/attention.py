@@ -10,28 +10,65 @@ queries after rotary embedding and the whole key cache during cached decoding. C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headhunt.errors import HeadhuntError
+
 IMPLEMENTATION = "headhunt"
+
+# Keyword arguments of an attention call whose meaning headhunt reproduces (or that do not
+# change what the kernel computes). Any other one refuses the call: it could change the
+# attention in a way the captures would not follow.
+UNDERSTOOD_KWARGS = frozenset(
+    {
+        "dropout",  # 0 in eval mode; checked below
+        "scaling",
+        "sliding_window",  # the mask carries the window (transformers builds it per layer type)
+        "softcap",
+        "s_aux",  # learned sink logits (gpt-oss and its descendants)
+        "is_causal",
+        "position_ids",
+        "cache_position",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "use_cache",
+        "return_dict",
+        "layer_idx",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
+)
 
 
 @dataclass
 class AttentionCall:
-    """One attention call of one layer.
+    """One attention call of one layer, and what the model's kernel really does with it.
+
+    Everything is derived from the call itself (its keyword arguments, the mask the model built
+    for this layer, the module), never from a table of model names.
 
     Attributes:
         layer: 0-based layer index.
         query: [batch, q_heads, n_q, head_dim], after rotary embedding.
         key: [batch, kv_heads, n_k, head_dim], after rotary, the cache included.
         value: [batch, kv_heads, n_k, head_dim].
-        attention_mask: the model's mask as given to its kernel (None when causal is implicit).
+        attention_mask: the model's mask as given to its kernel (None when causal is implicit):
+            boolean (True = visible) or additive, [batch or 1, 1, n_q, >= n_k].
         scaling: the softmax scale.
+        module: the attention module (None for a call built by hand).
+        kwargs: the other keyword arguments the model gave its kernel.
+        query_start: absolute position of query 0 in the (padded) input rows, i.e. the tokens
+            the layer had seen before this call; None means ``n_k - n_q`` (keys start at 0).
     """
 
     layer: int
@@ -40,11 +77,230 @@ class AttentionCall:
     value: Float[Tensor, "batch kv_heads n_k d"]
     attention_mask: Tensor | None
     scaling: float
+    module: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    query_start: int | None = None
+
+    # ---------------------------------------------------------------- what the kernel does
 
     @property
     def q_offset(self) -> int:
-        """Absolute position of the first query (the length of the cache before this call)."""
+        """Query 0's position minus key 0's position: keys end at the last query (bottom-right
+        alignment), whether the cache holds the whole past or only a sliding window."""
         return self.key.shape[2] - self.query.shape[2]
+
+    @property
+    def key_start(self) -> int:
+        """Absolute position of key 0 (above 0 when a sliding layer's cache kept only its
+        window)."""
+        start = self.q_offset if self.query_start is None else self.query_start
+        return start - self.q_offset
+
+    @property
+    def key_positions(self) -> Int[Tensor, " n_k"]:
+        """Absolute position of every key."""
+        return torch.arange(self.key.shape[2], device=self.key.device) + self.key_start
+
+    @property
+    def causal(self) -> bool:
+        """Whether the layer is causal (a bidirectional layer says so on its module)."""
+        flag = self.kwargs.get("is_causal")
+        if flag is None:
+            flag = getattr(self.module, "is_causal", True)
+        return bool(flag)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window (query at p sees keys j with p - window < j <= p), or None."""
+        w = self.kwargs.get("sliding_window", getattr(self.module, "sliding_window", None))
+        return int(w) if w else None
+
+    @property
+    def chunk(self) -> int | None:
+        """The attention chunk of a chunked layer (Llama 4: keys of the query's chunk only)."""
+        if _layer_type(self.module) != "chunked_attention":
+            return None
+        size = getattr(getattr(self.module, "config", None), "attention_chunk_size", None)
+        return int(size) if size else None
+
+    @property
+    def softcap(self) -> float | None:
+        """Logit softcap: score -> softcap * tanh(score / softcap), after scaling."""
+        cap = self.kwargs.get("softcap")
+        return float(cap) if cap else None
+
+    @property
+    def sinks(self) -> Float[Tensor, " q_heads"] | None:
+        """Learned sink logit per query head: one extra logit in every row's softmax."""
+        s = self.kwargs.get("s_aux")
+        return None if s is None else s.detach()
+
+    def visible_keys(self) -> tuple[Int[Tensor, "batch n_q"], Int[Tensor, "batch n_q"]] | None:
+        """First and last visible key index of every row from the mask (None: no mask, so
+        causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
+        (a left pad) gets ``(n_k, -1)``. Cached per call."""
+        if "_visible" not in self.__dict__:
+            vis = _mask_intervals(
+                self.attention_mask, self.query.shape[2], self.key.shape[2], self.layer
+            )
+            if vis is not None:  # a mask shared by the batch: one row per batch row
+                vis = tuple(t.expand(self.query.shape[0], -1) for t in vis)
+            self.__dict__["_visible"] = vis
+        return self.__dict__["_visible"]
+
+    def kernel_kwargs(self, batch: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of :func:`headhunt.kernels.attention_stats` (and
+        ``attention_probs_at``) that reproduce this call's attention: scale, causality, offset,
+        softcap, sinks and, where the mask is more than causal (+ window), the per-row visible
+        key interval ``key_lo``/``key_hi`` (of batch row ``batch`` only, when given)."""
+        kw: dict[str, Any] = {"scale": self.scaling, "causal": self.causal}
+        kw["q_offset"] = self.q_offset
+        if self.softcap is not None:
+            kw["softcap"] = self.softcap
+        if self.sinks is not None:
+            kw["sinks"] = self.sinks
+        vis = self.visible_keys()
+        if vis is None:
+            return kw
+        lo, hi = vis
+        for window in (None, self.window):
+            exp_lo, exp_hi = self._plain_intervals(window)
+            if bool((lo == exp_lo).all()) and bool((hi == exp_hi).all()):
+                if window is not None:
+                    kw["window"] = window
+                return kw
+        kw["causal"] = False  # the mask says everything: causality is inside the intervals
+        if batch is not None:
+            lo, hi = lo[batch : batch + 1], hi[batch : batch + 1]
+        kw["key_lo"], kw["key_hi"] = lo, hi
+        return kw
+
+    def _plain_intervals(self, window: int | None) -> tuple[Tensor, Tensor]:
+        """Rows' visible intervals for causal attention (+ window) with no padding."""
+        nq, nk = self.query.shape[2], self.key.shape[2]
+        pos = torch.arange(nq, device=self.query.device) + self.q_offset
+        if not self.causal:
+            return torch.zeros_like(pos), torch.full_like(pos, nk - 1)
+        lo = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp_min(0)
+        return lo[None], pos[None]
+
+    # ---------------------------------------------------------------- small dense rows
+
+    def scores(
+        self, rows: slice | None = None, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch heads rows n_k"]:
+        """Attention logits as the model's kernel computes them (scaled, softcapped), float32,
+        with keys a row cannot see at -inf. Dense: for decode steps, short prompts and tests.
+
+        Args:
+            rows: the query rows (default all).
+            heads: the query heads (default all).
+        """
+        q, k = self.query, self.key
+        b, hq, nq, d = q.shape
+        hkv, nk = k.shape[1], k.shape[2]
+        rows = rows or slice(0, nq)
+        qr = q[:, :, rows]
+        r = qr.shape[2]
+        if heads is None:  # GQA by grouping the queries of a kv head, never copying keys
+            qg = qr.reshape(b, hkv, (hq // hkv) * r, d)
+            s = torch.matmul(qg, k.transpose(-1, -2)).view(b, hq, r, nk)
+        else:
+            idx = torch.as_tensor(heads, device=q.device)
+            s = torch.matmul(qr[:, idx], k[:, idx // (hq // hkv)].transpose(-1, -2))
+        s = s.float() * self.scaling
+        if self.softcap is not None:
+            s = torch.tanh(s / self.softcap) * self.softcap
+        return s.masked_fill(~self.visible(rows)[:, None], float("-inf"))
+
+    def probs(
+        self, rows: slice | None = None, heads: Sequence[int] | None = None
+    ) -> Float[Tensor, "batch heads rows n_k"]:
+        """The model's attention probabilities (float32). With learned sinks a row sums to
+        less than 1 (the sink slot takes the rest); a row that sees no key is all zeros."""
+        s = self.scores(rows, heads)
+        sinks = self.sinks
+        if sinks is not None:
+            hq = self.query.shape[1]
+            idx = torch.arange(hq) if heads is None else torch.as_tensor(heads)
+            sink = sinks.float().to(s.device)[idx.to(s.device)][None, :, None, None]
+            s = torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1)
+        m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
+        e = torch.exp(s - m)
+        p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        return p[..., : self.key.shape[2]] if sinks is not None else p
+
+    def visible(self, rows: slice | None = None) -> Bool[Tensor, "batch rows n_k"]:
+        """Which keys each row sees (batch 1 when the same for every row of the batch)."""
+        nq, nk = self.query.shape[2], self.key.shape[2]
+        rows = rows or slice(0, nq)
+        vis = self.visible_keys()
+        j = torch.arange(nk, device=self.query.device)
+        if vis is None:
+            lo, hi = self._plain_intervals(None)
+        else:
+            lo, hi = vis
+        lo, hi = lo[:, rows, None], hi[:, rows, None]
+        return (j >= lo) & (j <= hi)
+
+
+def _layer_type(module: Any) -> str | None:
+    """The layer's type in its config's ``layer_types`` ("full_attention", "sliding_attention",
+    "chunked_attention", ...), None when the config has none."""
+    types = getattr(getattr(module, "config", None), "layer_types", None)
+    idx = getattr(module, "layer_idx", None)
+    if types is None or idx is None or idx >= len(types):
+        return None
+    return types[idx]
+
+
+def _mask_intervals(
+    mask: Tensor | None, nq: int, nk: int, layer: int
+) -> tuple[Int[Tensor, "batch n_q"], Int[Tensor, "batch n_q"]] | None:
+    """Per (batch, query) first and last visible key of a boolean or additive 4-D mask.
+
+    Refuses (one line) an additive mask that is a bias rather than a mask (ALiBi, relative
+    positions), a mask that differs between heads, and a row whose visible keys are not one
+    interval: the kernels describe a row by its first and last key.
+    """
+    if mask is None:
+        return None
+    if mask.dim() != 4:
+        raise HeadhuntError(f"layer {layer}: a {mask.dim()}-D attention mask (expected 4-D)")
+    mask = mask[:, :, -nq:, :nk]
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        floor = torch.finfo(mask.dtype).min / 2
+        allowed = mask > floor
+        if bool((mask[allowed] != 0).any()):
+            raise HeadhuntError(
+                f"layer {layer}: the attention mask adds a position bias (ALiBi or relative "
+                "positions); headhunt captures masked softmax attention only"
+            )
+    if allowed.shape[1] != 1 and bool((allowed != allowed[:, :1]).any()):
+        raise HeadhuntError(f"layer {layer}: the attention mask differs between heads")
+    allowed = allowed[:, 0]
+    # First / last visible key (argmax of a 0/1 row finds its first 1), in blocks of rows so
+    # the temporaries stay small next to the mask itself at long context.
+    los, his, seens = [], [], []
+    for r in range(0, nq, 2048):
+        a = allowed[:, r : r + 2048]
+        seen = a.any(-1)
+        lo = a.to(torch.uint8).argmax(-1)
+        hi = nk - 1 - a.flip(-1).to(torch.uint8).argmax(-1)
+        if bool((seen & (a.sum(-1) != hi - lo + 1)).any()):
+            raise HeadhuntError(
+                f"layer {layer}: a query's visible keys are not one interval (a mask headhunt's "
+                "kernels cannot describe)"
+            )
+        los.append(lo)
+        his.append(hi)
+        seens.append(seen)
+    lo, hi, seen = torch.cat(los, 1), torch.cat(his, 1), torch.cat(seens, 1)
+    lo = torch.where(seen, lo, nk)
+    hi = torch.where(seen, hi, -1)
+    return lo.long(), hi.long()
 
 
 class AttentionHook:
@@ -58,18 +314,40 @@ class AttentionHook:
         return output
 
 
-def base_kernel(module: torch.nn.Module):
+def base_kernel(module: torch.nn.Module, call: AttentionCall | None = None):
     """The attention function headhunt hands over to: the module's ``headhunt_base`` ("sdpa",
-    "eager", "flash_attention_2", ...). Eager attention is not in transformers' registry: it is
-    the ``eager_attention_forward`` of the model's own modeling file."""
-    import sys
-
+    "eager", "flash_attention_2", ...), unless it would silently drop part of the call: SDPA
+    does no logit softcap and no learned sinks, flash attention no sinks, so such calls run the
+    model's own eager function. Eager attention is not in transformers' registry: it is the
+    ``eager_attention_forward`` of the model's own modeling file."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = getattr(module, "headhunt_base", "sdpa")
+    name = base_name(module, call)
     if name == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
+        return _eager_function(module)
     return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def base_name(module: torch.nn.Module, call: AttentionCall | None = None) -> str:
+    """The name of the kernel :func:`base_kernel` picks for ``call``."""
+    name = getattr(module, "headhunt_base", "sdpa")
+    if call is None or name == "eager":
+        return name
+    if call.sinks is not None or (call.softcap is not None and name == "sdpa"):
+        return "eager"
+    return name
+
+
+def _eager_function(module: torch.nn.Module):
+    import sys
+
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise HeadhuntError(
+            f"{type(module).__name__}: its modeling file has no eager_attention_forward, which "
+            "headhunt needs for this layer's softcap or sinks"
+        )
+    return fn
 
 
 def _causal_mask(query: Tensor, key: Tensor) -> Tensor:
@@ -104,30 +382,82 @@ def _without_cudnn_sdpa(query: Tensor, key: Tensor):
         torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+def check_call(call: AttentionCall) -> None:
+    """Refuse (one line) a call whose attention headhunt cannot reproduce exactly."""
+    unknown = sorted(
+        k for k, v in call.kwargs.items() if k not in UNDERSTOOD_KWARGS and v is not None
+    )
+    if unknown:
+        raise HeadhuntError(
+            f"layer {call.layer} ({type(call.module).__name__}) passes {', '.join(unknown)} to "
+            "its attention kernel, which headhunt does not reproduce"
+        )
+    if call.kwargs.get("dropout"):
+        raise HeadhuntError(f"layer {call.layer}: attention dropout is on (call model.eval())")
+    if call.key_start < 0:
+        raise HeadhuntError(
+            f"layer {call.layer}: {call.key.shape[2]} keys for a query at position "
+            f"{call.query_start} (a cache layout headhunt cannot map to positions)"
+        )
+    if call.attention_mask is None and 1 < call.query.shape[2] < call.key.shape[2]:
+        # SDPA's is_causal is top-left aligned: only a static cache's first prefill gets here.
+        raise HeadhuntError(
+            f"layer {call.layer}: a cached call without a mask (static cache?); headhunt "
+            "captures with a dynamic cache"
+        )
+    call.visible_keys()  # refuses masks that are not per-row intervals
+
+
 def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
-    base = base_kernel(module)
-    if getattr(module, "headhunt_base", "") == "eager":
+    hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
+    call = AttentionCall(
+        module.headhunt_layer,
+        query,
+        key,
+        value,
+        attention_mask,
+        kwargs.get("scaling") or query.shape[-1] ** -0.5,
+        module=module,
+        kwargs=kwargs,
+        query_start=getattr(module, "headhunt_query_start", None),
+    )
+    name = base_name(module, call)
+    if hooks:
+        check_call(call)
+        for hook in hooks:
+            hook.before(call)
+    mask = attention_mask
+    if name == "eager":
         # Masks for our implementation are built as SDPA's: a boolean 4D mask (padding), or
         # None where SDPA's is_causal flag suffices. Eager attention needs them additive.
-        if attention_mask is None and query.shape[2] > 1:
-            attention_mask = _causal_mask(query, key)
-        elif attention_mask is not None and attention_mask.dtype == torch.bool:
-            attention_mask = torch.zeros(
-                attention_mask.shape, dtype=query.dtype, device=query.device
-            ).masked_fill(~attention_mask, torch.finfo(query.dtype).min)
-    hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
-    if not hooks:
-        with _without_cudnn_sdpa(query, key):
-            return base(module, query, key, value, attention_mask, **kwargs)
-    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-    call = AttentionCall(module.headhunt_layer, query, key, value, attention_mask, scaling)
-    for hook in hooks:
-        hook.before(call)
+        if mask is None and query.shape[2] > 1 and call.causal:
+            mask = _causal_mask(call.query, call.key)
+        elif mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=call.query.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(call.query.dtype).min
+            )
     with _without_cudnn_sdpa(call.query, call.key):
-        output, weights = base(module, call.query, call.key, call.value, attention_mask, **kwargs)
+        output, weights = base_kernel(module, call)(
+            module, call.query, call.key, call.value, mask, **kwargs
+        )
     for hook in hooks:
         output = hook.after(call, output)
     return output, weights
+
+
+def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of an attention module: the tokens its layer's cache has seen before
+    this call, i.e. the absolute position of the call's first query (a sliding layer's cache
+    may keep fewer keys than that)."""
+    names = [n for n in ("cache", "past_key_values", "past_key_value") if n in kwargs]
+    if not names:  # the cache is not passed by name: assume keys start at position 0
+        module.headhunt_query_start = None
+        return
+    cache = kwargs[names[0]]
+    seen = 0
+    if cache is not None and hasattr(cache, "get_seq_length"):
+        seen = int(cache.get_seq_length(module.layer_idx))
+    module.headhunt_query_start = seen
 
 
 def register() -> None:

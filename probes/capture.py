@@ -48,7 +48,8 @@ def capture_qk(
 
 class StatsCapture(AttentionHook):
     """Runs :func:`headhunt.kernels.attention_stats` on each layer's q, k inside the forward,
-    so no layer's q/k outlives its own call."""
+    so no layer's q/k outlives its own call. The kernel is told everything the layer's own
+    kernel does (mask, window, softcap, sinks: :meth:`AttentionCall.kernel_kwargs`)."""
 
     def __init__(self, **kwargs):
         self.kwargs = kwargs
@@ -58,7 +59,7 @@ class StatsCapture(AttentionHook):
         from headhunt.kernels import attention_stats
 
         self.stats[call.layer] = attention_stats(
-            call.query, call.key, scale=call.scaling, **self.kwargs
+            call.query, call.key, **call.kernel_kwargs(), **self.kwargs
         )
 
 
@@ -67,38 +68,43 @@ def capture_attention_stats(
     model: HookedModel,
     input_ids: Int[Tensor, "batch n"],
     layers: Collection[int] | None = None,
+    *,
+    attention_mask: Int[Tensor, "batch n"] | None = None,
     **kwargs,
 ) -> dict[int, object]:
     """Per-layer :class:`headhunt.kernels.AttentionStats` for every head, in one forward pass.
 
-    Keyword arguments go to :func:`headhunt.kernels.attention_stats` (``key_stats``,
-    ``entropy``, ``backend``). Memory grows linearly with the sequence length.
+    ``attention_mask`` ([batch, n], 1 = token, 0 = pad) lets a left-padded batch through:
+    pad queries see no key (``lse = -inf``) and pad keys get no attention. Keyword arguments
+    go to :func:`headhunt.kernels.attention_stats` (``key_stats``, ``entropy``, ``backend``).
+    Memory grows linearly with the sequence length.
     """
     cap = StatsCapture(**kwargs)
+    extra = {} if attention_mask is None else {"attention_mask": attention_mask.to(model.device)}
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
-        model.forward(input_ids, use_cache=False, logits_to_keep=1)  # no [n, vocab] logits
+        model.forward(input_ids, use_cache=False, logits_to_keep=1, **extra)  # no [n, vocab]
     return cap.stats
 
 
 class DecodeArgmax(AttentionHook):
-    """At each single-query (decode) call, the argmax key of every head's attention row.
+    """At each single-query (decode) call, the absolute position of the argmax key of every
+    head's attention row.
 
-    The softmax is monotonic, so the argmax of the scores q.k is the argmax of the attention
-    row; one einsum and one argmax per layer cover all heads (GQA by grouping the queries of a
-    KV head, never copying keys).
+    The row is scored as the layer's kernel scores it (scale, softcap, and only the keys its
+    mask lets it see: padding, sliding window, chunk); softcap and softmax are monotonic, so
+    the argmax of the logits is the argmax of the attention (a learned sink slot is not a key).
+    Key indices are mapped to absolute positions, since a sliding layer's cache may keep only
+    its window.
     """
 
     def __init__(self, n_layers: int):
         self.step: list[Tensor | None] = [None] * n_layers
 
     def before(self, call: AttentionCall) -> None:
-        q, k = call.query, call.key
-        if q.shape[2] != 1:
+        if call.query.shape[2] != 1:
             return
-        b, hq, _, d = q.shape
-        hkv = k.shape[1]
-        scores = torch.einsum("bkgd,bknd->bkgn", q.reshape(b, hkv, hq // hkv, d), k)
-        self.step[call.layer] = scores.argmax(-1).reshape(b, hq)
+        s = call.scores()[:, :, 0]  # [b, hq, n_k]
+        self.step[call.layer] = s.argmax(-1) + call.key_start
 
 
 @dataclass
@@ -126,6 +132,7 @@ def greedy_decode(
     stop_ids: Collection[int] = (),
     capture_argmax: bool = False,
     hooks: tuple[AttentionHook, ...] = (),
+    attention_mask: Int[Tensor, "batch n"] | None = None,
 ) -> Decoded:
     """Greedy decoding of equal-length prompts with a KV cache.
 
@@ -133,9 +140,13 @@ def greedy_decode(
     from the last prompt token, so every generated token, the first included, comes from a
     single-query step whose attention rows are captured (as in Wu et al.'s reference).
     ``hooks`` (e.g. head masks) stay installed for prefill and decoding alike.
+    ``attention_mask`` ([batch, n], 0 = pad) decodes left-padded prompts: pads are never
+    attended to and positions count real tokens only, as ``generate`` does. Argmax positions
+    index the padded rows.
     """
     dev = model.device
     prompts = prompts.to(dev)
+    mask = None if attention_mask is None else attention_mask.to(dev).long()
     b = prompts.shape[0]
     cap = DecodeArgmax(model.n_layers) if capture_argmax else None
     stop = torch.tensor(sorted(stop_ids), device=dev, dtype=torch.long)
@@ -143,12 +154,18 @@ def greedy_decode(
     lengths = torch.zeros(b, dtype=torch.long, device=dev)
     tokens, argmax = [], []
     with model.hooks(*hooks):
-        out = model.model(prompts[:, :-1], None, None, None, use_cache=True, logits_to_keep=1)
+        n = prompts.shape[1]
+        m, pos = _mask_and_positions(mask, n - 1)
+        out = _step(model, prompts[:, :-1], m, pos, None)
         past, cur = _cache(out), prompts[:, -1:]
         extra = (cap,) if cap is not None else ()
         with model.hooks(*extra):
-            for _ in range(max_new_tokens):
-                out = model.model(cur, None, None, past, use_cache=True, logits_to_keep=1)
+            for t in range(max_new_tokens):
+                if mask is not None and t > 0:
+                    mask = torch.cat([mask, mask.new_ones(b, 1)], 1)
+                m, pos = _mask_and_positions(mask, n + t)
+                pos = None if pos is None else pos[:, -1:]
+                out = _step(model, cur, m, pos, past)
                 past = _cache(out)
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
@@ -165,6 +182,32 @@ def greedy_decode(
         lengths=lengths,
         argmax=torch.stack(argmax) if argmax else None,
     )
+
+
+def _mask_and_positions(mask: Tensor | None, length: int) -> tuple[Tensor | None, Tensor | None]:
+    """The first ``length`` columns of a padding mask and the positions that count real
+    tokens only (pads get position 0), or (None, None) without a mask."""
+    if mask is None:
+        return None, None
+    m = mask[:, :length]
+    return m, (m.cumsum(-1) - 1).clamp_min(0)
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name a causal LM's forward takes its KV cache under (``past_key_values`` before
+    transformers 5.2x, ``cache`` after)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _step(model: HookedModel, ids: Tensor, mask, positions, cache):
+    """One cached forward, the cache passed under the name this model's forward uses."""
+    kw = {cache_kwarg(model.model): cache, "attention_mask": mask, "use_cache": True}
+    kw["logits_to_keep"] = 1
+    if positions is not None:
+        kw["position_ids"] = positions
+    return model.model(ids, **kw)
 
 
 def _cache(output):

@@ -66,28 +66,95 @@ class HookedModel:
 
     def __post_init__(self) -> None:
         cfg = self.model.config
-        self.n_layers: int = cfg.num_hidden_layers
-        self.n_heads: int = cfg.num_attention_heads
-        self.n_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.d_model: int = cfg.hidden_size
-        self.head_dim: int = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+        try:
+            self.n_layers: int = cfg.num_hidden_layers
+            self.n_heads: int = cfg.num_attention_heads
+            self.n_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+            self.d_model: int = cfg.hidden_size
+            self.head_dim: int = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+        except Exception as e:  # recurrent configs lack heads; some vary them per layer
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: no single attention shape in its config "
+                f"({first[:120]}); headhunt captures models whose layers share one"
+            ) from None
         self.max_context: int = getattr(cfg, "max_position_embeddings", None) or 2048
         base = cfg._attn_implementation  # the kernel our hooks hand over to
-        attention.register()
-        self.model.set_attn_implementation(attention.IMPLEMENTATION)
-        self.modules = attention.attention_modules(self.model)
-        if len(self.modules) != self.n_layers:
+        if getattr(cfg, "is_encoder_decoder", False):
             raise HeadhuntError(
-                f"found {len(self.modules)} attention modules for {self.n_layers} layers"
+                f"{type(self.model).__name__} is an encoder-decoder model; headhunt captures "
+                "decoder-only causal LMs"
+            )
+        attention.register()
+        try:
+            self.model.set_attn_implementation(attention.IMPLEMENTATION)
+        except (ValueError, NotImplementedError, AttributeError) as e:
+            raise HeadhuntError(
+                f"{type(self.model).__name__} does not take a custom attention implementation "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
+        self.modules = attention.attention_modules(self.model)
+        if not self.modules:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: no attention module with a layer index (an older "
+                "modeling file, outside transformers' AttentionInterface); headhunt cannot hook it"
+            )
+        if len(self.modules) != self.n_layers:
+            why = (
+                "recurrent or state-space layers?"
+                if len(self.modules) < self.n_layers
+                else "cross-attention or several attentions per layer?"
+            )
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: {len(self.modules)} attention modules for "
+                f"{self.n_layers} layers ({why}); headhunt captures one self-attention per layer"
             )
         for i, m in enumerate(self.modules):
             m.headhunt_layer = i
             m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
             m.headhunt_hooks = []
+            if not getattr(m, "headhunt_prehook", False):
+                m.register_forward_pre_hook(attention._record_query_start, with_kwargs=True)
+                m.headhunt_prehook = True
         if len({d for d in self.devices if d.startswith("cuda")}) > 1:
             for m in self.modules:
                 _run_on_own_device(m)
         self.model.eval()
+        self._check_calls()
+
+    def _check_calls(self) -> None:
+        """One three-token forward: every layer's attention must go through headhunt's
+        implementation exactly once, with a call headhunt can reproduce (else a one-line
+        refusal naming the layer)."""
+        seen: dict[int, int] = {}
+
+        class Count(AttentionHook):
+            def before(self, call: attention.AttentionCall) -> None:
+                seen[call.layer] = seen.get(call.layer, 0) + 1
+
+        ids = torch.tensor([[1, 2, 3]], device=self.device)
+        with self.hooks(Count()):
+            try:
+                self.forward(ids, use_cache=False)
+            except HeadhuntError:
+                raise
+            except Exception as e:
+                raise HeadhuntError(
+                    f"{type(self.model).__name__}: a forward pass through headhunt's attention "
+                    f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                ) from None
+        missing = [i for i in range(self.n_layers) if seen.get(i, 0) == 0]
+        if missing:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: layer {missing[0]}'s attention does not go through "
+                "transformers' AttentionInterface, so headhunt cannot see it"
+            )
+        twice = [i for i in range(self.n_layers) if seen[i] > 1]
+        if twice:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
+                "times per forward (e.g. differential attention); headhunt reads one call"
+            )
 
     @functools.cached_property
     def blocks(self) -> torch.nn.ModuleList:

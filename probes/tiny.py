@@ -124,3 +124,89 @@ def tiny_llama(
     model = LlamaForCausalLM(cfg)
     model.config.architectures = ["LlamaForCausalLM"]
     return HookedModel(model=model, tokenizer=tokenizer, name=f"tiny-llama-{n_layers}x{n_heads}")
+
+
+# Shape of every tiny model of :func:`tiny_causal_lm`: small enough for a CPU test, with GQA,
+# two layers (a sliding or chunked layer next to a full one where the family has both), and a
+# window / chunk short enough that test sequences run past it.
+TINY_SHAPE: dict[str, object] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_layers": 2,
+    "n_layer": 2,
+    "n_layers": 2,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "sliding_window": 8,
+    "attention_chunk_size": 8,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "intermediate_size_mlp": 96,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "rotary_dim": 8,
+    "d_model": 64,
+    "n_embd": 64,
+    "n_positions": 256,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_ffn_dim": 96,
+    "encoder_ffn_dim": 96,
+    "ffn_dim": 96,
+    "num_heads": 4,
+    "n_heads": 4,
+    "initializer_range": 0.2,
+    "use_cache": True,
+    "tie_word_embeddings": False,
+}
+
+
+def tiny_config(model_type: str, vocab_size: int = 64, **overrides):
+    """A tiny config of a transformers model family (``model_type`` of its config class):
+    the family's defaults with :data:`TINY_SHAPE` set wherever the config has that field, and
+    two layers of different kinds (e.g. sliding then full) where the family mixes them."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    default = cls()
+    known = set(default.to_dict())
+    kw = {k: v for k, v in TINY_SHAPE.items() if k in known}
+    kw["vocab_size"] = vocab_size
+    if "kv_lora_rank" in known:  # MLA expands its latent to one key per query head
+        kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
+    if "add_cross_attention" in known:  # an encoder family used as a causal LM
+        kw["is_decoder"] = True
+    kinds = list(dict.fromkeys(getattr(default, "layer_types", None) or []))
+    if len(kinds) > 1:
+        n = int(kw.get("num_hidden_layers", 2))
+        kw["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
+    kw.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def tiny_causal_lm(model_type: str, *, seed: int = 0, vocab_size: int = 64, **overrides):
+    """A randomly initialised causal LM of any transformers family, built offline from its
+    config class (float32, eval mode, plain transformers: wrap it in :class:`HookedModel`)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(model_type, vocab_size=vocab_size, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.eval()
