@@ -102,13 +102,20 @@ def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
 
 def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[str, float]:
     """Size, speed, perplexity and needle recall of one (pruned or full) model."""
-    recall = needle_recall(
-        model,
-        m.trials,
-        max_new_tokens=config.max_new_tokens,
-        stop_ids=m.stop,
-        batch_size=config.batch_size,
-    )
+    by_length: dict[int, list] = {}
+    for t in m.trials:  # a decoding batch holds prompts of one length
+        by_length.setdefault(t.length, []).append(t)
+    recall = [
+        r
+        for group in by_length.values()
+        for r in needle_recall(
+            model,
+            group,
+            max_new_tokens=config.max_new_tokens,
+            stop_ids=m.stop,
+            batch_size=config.batch_size,
+        )
+    ]
     return {
         **model_size(model),
         "prefill_s": prefill_seconds(model, m.speed_ids),
