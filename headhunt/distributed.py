@@ -1,11 +1,12 @@
-"""Data parallelism over trials and texts with torch.distributed (NCCL on GPUs, gloo on CPU).
+"""Data parallelism over units of work with torch.distributed (NCCL on GPUs, gloo on CPU).
 
-``headhunt retrieval|sinks|ngram|mqar --nproc N`` relaunches itself in N processes with the
-environment ``torchrun --standalone`` gives (you may also start it with ``torchrun`` yourself). Each process holds
-one model replica (on ``cuda:LOCAL_RANK`` when there are GPUs), takes every N-th unit of work of
-the single-process plan (a whole batch, a text, a grid cell: never a different batching than one
-process would use), keeps its finished units in its own shard file (so resuming works per shard),
-and rank 0 gathers them, in the single-process order, into the one run directory.
+``headhunt METHOD --nproc N`` (every method with units of work) relaunches itself in N
+processes with the environment ``torchrun --standalone`` gives (you may also start it with
+``torchrun`` yourself). Each process holds one model replica (on ``cuda:LOCAL_RANK`` when there
+are GPUs), takes every N-th unit of work of the single-process plan (a whole batch, a text, a
+grid cell: never a different batching than one process would use), keeps its finished units in
+its own shard file (so resuming works per shard), and rank 0 gathers them, in the
+single-process order, into the one run directory (see ``headhunt.engine.RunContext``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 if TYPE_CHECKING:
-    import argparse
-
     from headhunt.rundir import RunDir
 
 T = TypeVar("T")
@@ -249,38 +247,6 @@ def launch_if_asked(
             "(each process holds a model replica)"
         )
     return launch(strip_option(argv, "--nproc"), nproc)
-
-
-def main(args: argparse.Namespace, body: Callable[[argparse.Namespace, Dist], int]) -> int:
-    """Run a subcommand's ``body(args, dist)``: relaunched in ``args.nproc`` processes when
-    that is above 1 (and not already under torchrun), else in this process's group."""
-    from headhunt.errors import HeadhuntError
-
-    code = launch_if_asked(
-        getattr(args, "nproc", 1),
-        args.argv,
-        device=args.device,
-        device_map=getattr(args, "device_map", None),
-    )
-    if code is not None:
-        return code
-    dist = init()
-    finished = False
-    try:
-        if dist.active:
-            args.device = dist.device(args.device)
-        code = body(args, dist)
-        finished = True
-        return code
-    except HeadhuntError as e:
-        if dist.is_main:
-            raise
-        # Every rank usually meets the same bad input: rank 0 alone reports it; the launcher
-        # prints this rank's line only when rank 0 had none.
-        report_rank_error(f"headhunt {getattr(args, 'command', '')}: error: {e}")
-        return 2
-    finally:
-        dist.close(finished)
 
 
 def open_run(dist: Dist, out: str, method: str, **kwargs: Any) -> RunDir:

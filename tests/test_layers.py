@@ -37,8 +37,6 @@ APP_DOOR = ("headhunt.commands.app",)  # `headhunt app` starts it
 
 # Modules that break a rule today, each with its reason; the list only shrinks.
 KNOWN = {
-    # main() takes the command's argparse Namespace (issue 19: the run engine replaces it).
-    ("headhunt.distributed", "argparse"),
     # Builds MQAR probe targets with the MQAR generator, which shares a module with its analyzer.
     ("headhunt.probes.targets", "headhunt.heads.mqar"),
     # The circuits command's run (issue 19: the run engine takes it over).

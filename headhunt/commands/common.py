@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headhunt.engine import seed_everything  # noqa: F401  (the commands import it from here)
-from headhunt.errors import HeadhuntError
-from headhunt.methods.base import print_table  # noqa: F401
+from headhunt.methods.base import print_table, require  # noqa: F401
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -118,8 +117,3 @@ def open_model(args: argparse.Namespace):
         trust_remote_code=args.trust_remote_code,
         device_map=getattr(args, "device_map", None),
     )
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise HeadhuntError(message)

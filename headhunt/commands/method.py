@@ -15,7 +15,7 @@ from headhunt.commands.common import (
     finite_float,
     require,
 )
-from headhunt.methods.base import Method, flag_name, item_type
+from headhunt.methods.base import Method, flag_name, is_list, item_type
 
 
 def add_parser(sub, method: Method) -> None:
@@ -35,9 +35,9 @@ def add_parser(sub, method: Method) -> None:
             action = "store_false" if default else "store_true"
             g.add_argument(flag_name(f), dest=f.name, action=action, help=help)
             continue
-        if isinstance(default, list):  # given comma-separated; argparse parses the default too
+        if is_list(f):  # given comma-separated; argparse parses a string default too
             parse = comma_list(kind, f.name.rstrip("s").replace("_", " "))
-            default = ",".join(map(str, default))
+            default = None if default is None else ",".join(map(str, default))
         else:
             parse = finite_float if kind is float else kind
         g.add_argument(flag_name(f), dest=f.name, type=parse, default=default, help=help)

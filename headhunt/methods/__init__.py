@@ -14,7 +14,11 @@ from headhunt.methods.base import Method, MethodConfig, option
 
 METHODS: dict[str, str] = {
     "retrieval": "headhunt.methods.retrieval:Retrieval",
+    "ablate": "headhunt.methods.ablate:Ablate",
     "sinks": "headhunt.methods.sinks:Sinks",
+    "calibrate": "headhunt.methods.calibrate:Calibrate",
+    "ngram": "headhunt.methods.ngram:Ngram",
+    "mqar": "headhunt.methods.mqar:MQAR",
 }
 
 

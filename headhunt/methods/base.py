@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from headhunt.rundir import Run
 
 
+def require(condition: bool, message: str) -> None:
+    """Raise the one-line error ``message`` unless ``condition``."""
+    if not condition:
+        raise HeadhuntError(message)
+
+
 def option(
     default: Any,
     help: str,
@@ -55,6 +61,12 @@ def option(
 
 def flag_name(f) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def is_list(f) -> bool:
+    """A field given comma-separated on the command line."""
+    default = f.default_factory() if f.default is MISSING else f.default
+    return isinstance(default, list) or str(f.type).startswith("list[")
 
 
 def item_type(f) -> Any:

@@ -9,14 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table
+from headhunt.methods.base import Method, MethodConfig, option, print_table, require
 
 RECORDS = "texts.jsonl"
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise HeadhuntError(message)
 
 
 @dataclass

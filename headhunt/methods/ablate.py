@@ -1,0 +1,188 @@
+"""The causal check for retrieval heads as a method: mask the top-K heads of a retrieval run,
+then K random heads, and compare needle recall on fresh trials."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table
+
+RECORDS = "records.jsonl"
+
+
+@dataclass
+class AblateConfig(MethodConfig):
+    """An ablation run: the retrieval run to take the ranking from, and fresh trials."""
+
+    scores: str | None = option(
+        None, "a retrieval run directory to take the ranking from (required)", type=str
+    )
+    top_k: int = option(10, "heads to mask", min=1)
+    draws: int = option(3, "random head sets", min=1)
+    mode: str = option(
+        "query",
+        "query: zero the query (uniform attention, as Wu et al.); output: zero the head's output",
+        choices=("query", "output"),
+    )
+    lengths: list[int] = option([1000, 2000], "prompt lengths")
+    depths: list[float] = option([0.0, 50.0, 100.0], "needle depths in percent")
+    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
+    repeats: int = option(1, "trials per (length, depth, needle)")
+    max_new_tokens: int = option(24, "decoding budget per trial")
+    batch_size: int = option(8, "trials decoded together", min=1)
+    haystack: str | None = option(
+        None, "text file for the haystack (default: bundled essays)", type=str
+    )
+    seed: int = option(0, "random seed", cli=False)
+
+    def trials(self):
+        """Fresh trials: another seed stream than any scoring run's (other answers, offsets)."""
+        from headhunt.heads.retrieval import RetrievalConfig
+
+        return RetrievalConfig(
+            lengths=self.lengths,
+            depths=self.depths,
+            needles=self.needles,
+            repeats=self.repeats,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed + 1_000_003,
+            haystack=self.haystack,
+        )
+
+    def source(self):
+        """The retrieval run it reads, checked."""
+        from headhunt.rundir import load_run
+
+        if self.scores is None:
+            raise HeadhuntError("--scores is required (a retrieval run directory)")
+        source = load_run(self.scores)
+        if source.method != "retrieval":
+            raise HeadhuntError(
+                f"{self.scores} is a {source.method} run; --scores needs a retrieval run"
+            )
+        info = source.manifest.get("model")
+        if not (
+            isinstance(info, dict)
+            and isinstance(info.get("n_layers"), int)
+            and isinstance(info.get("n_heads"), int)
+        ):
+            raise HeadhuntError(
+                f"{source.path / 'manifest.json'} does not say which model made the run (no "
+                "model n_layers/n_heads)"
+            )
+        source.scores()  # a missing or corrupt table fails now
+        return source
+
+    def check(self) -> None:
+        self.source()
+        self.trials().validate()
+
+
+class Ablate(Method):
+    name = "ablate"
+    Config = AblateConfig
+    metric = "retrieval_score"
+    help = "mask top retrieval heads vs random heads"
+    description = """Mask the top-K retrieval heads of a `headhunt retrieval` run, then K random heads
+(several draws, excluding the top heads and every head above the run's threshold), and compare
+needle-in-a-haystack recall on fresh trials (other answers and haystack offsets than the scoring
+run's). Writes ablation.json and the ranking used to scores.parquet."""
+    units = "masking conditions"
+
+    def parameters(self, config: AblateConfig, model: str) -> dict[str, Any]:
+        return {
+            **config.trials().to_dict(),
+            "model": model,
+            "scores": str(Path(config.scores).expanduser()),
+            "top_k": config.top_k,
+            "draws": config.draws,
+            "mode": config.mode,
+            "batch_size": config.batch_size,
+        }
+
+    def run(self, model, config: AblateConfig, ctx):
+        from headhunt.heads.causal import MaskingCheck, ablation_check, needle_recall
+        from headhunt.heads.retrieval import METRIC, build_trials, stop_token_ids
+
+        source = config.source()
+        scores = source.scores()
+        shape = (model.n_layers, model.n_heads)
+        made = (source.manifest["model"]["n_layers"], source.manifest["model"]["n_heads"])
+        if shape != made:
+            raise HeadhuntError(
+                f"--scores was made on a {made[0]}x{made[1]} model, not this "
+                f"{shape[0]}x{shape[1]} one"
+            )
+        grid = config.trials()
+        grid.validate(model)
+        trials = build_trials(model, grid)
+        ranked = [
+            (int(r.layer), int(r.head)) for r in scores.top(METRIC, len(scores.df)).itertuples()
+        ]
+        above = scores.heads(METRIC, source.manifest["parameters"].get("threshold", 0.1))
+        if config.top_k > len(ranked):
+            raise HeadhuntError(f"--top-k must be between 1 and {len(ranked)}")
+        # The conditions (no mask, the top heads, each random set) are the units of work.
+        check = MaskingCheck.draw(
+            model, ranked[: config.top_k], config.draws, seed=config.seed, exclude=above
+        )
+        conditions = check.conditions()
+        done = ctx.done(RECORDS, key=lambda r: r["condition"])
+        t1 = time.perf_counter()
+        for name in ctx.todo(list(conditions), done):
+            recall = needle_recall(
+                model,
+                trials,
+                max_new_tokens=config.max_new_tokens,
+                stop_ids=stop_token_ids(model.tokenizer),
+                heads=conditions[name],
+                mode=config.mode,
+                batch_size=config.batch_size,
+            )
+            ctx.append(RECORDS, {"condition": name, "recall": recall})
+        ctx.wait("ablation_s", since=t1)
+        records = ctx.collect(RECORDS, list(conditions), key=lambda r: r["condition"])
+        if records is None:
+            return None
+        result = ablation_check(  # every condition is done: this only assembles the result
+            model,
+            trials,
+            ranked,
+            top_k=config.top_k,
+            draws=config.draws,
+            seed=config.seed,
+            max_new_tokens=config.max_new_tokens,
+            stop_ids=stop_token_ids(model.tokenizer),
+            exclude=above,
+            mode=config.mode,
+            batch_size=config.batch_size,
+            done={r["condition"]: r["recall"] for r in records},
+        )
+        ctx.write_json("ablation.json", result.to_dict())
+        ctx.extra["summary"] = {
+            "baseline": result.baseline,
+            "top_masked": result.top_masked,
+            "random_masked_mean": result.random_mean,
+            "trials": len(trials),
+        }
+        return scores
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        result = run.json("ablation.json")
+        k = result["top_k"]
+        rows = [
+            ("no heads masked", result["baseline"]),
+            (f"top-{k} heads masked", result["top_masked"]),
+        ]
+        rows += [(f"random {k} heads, draw {i}", v) for i, v in enumerate(result["random_masked"])]
+        rows += [(f"random {k} heads, mean", result["random_mean"])]
+        print_table(
+            pd.DataFrame(rows, columns=["condition", "needle recall (ROUGE-1 x100)"]),
+            title="Causal check: masking retrieval heads",
+        )

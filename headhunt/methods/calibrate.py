@@ -1,0 +1,370 @@
+"""Attention calibration (ACT, Yu et al. 2024) as a method: a seeded calibration / dev / test
+split, head search on the first two, the chosen heads tested on the third. Every evaluation is
+a record, so an interrupted search resumes where it stopped."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+
+
+@dataclass
+class CalibrateRunConfig(MethodConfig):
+    """A calibration run: the task and its split, the search (:class:`CalibrateConfig`)."""
+
+    task: str = option("sentiment", "bundled task or a JSONL file")
+    n_calib: int = option(100, "items in the calibration split")
+    n_dev: int = option(100, "items in the dev split")
+    n_test: int | None = option(None, "items in the test split (all rest)", type=int)
+    batch_size: int = option(16, "prompts per forward pass")
+    heads: str | None = option(None, "apply a saved head set instead of searching", type=str)
+    max_heads: int = option(24, "candidate heads screened")
+    exclude_layers: list[int] | None = option(
+        None, "layers never calibrated (default: 0, 1 and the last)", type=int
+    )
+    beta: float = option(0.4, "factor on hidden-sink attention")
+    tau: float = option(0.1, "s_j threshold of a sink")
+    min_queries: int = option(
+        1, "rows that must have seen a key before it can be a sink (1: the reference rule)"
+    )
+    bootstrap: int = option(2000, "bootstrap resamples")
+    seed: int = option(0, "random seed", cli=False)
+
+    def search(self):
+        from headhunt.heads import calibrate as C
+
+        d = self.to_dict()
+        for k in ("task", "heads"):
+            d.pop(k)
+        return C.CalibrateConfig(**d)
+
+    def check(self) -> None:
+        from headhunt.heads.tasks import load_task, split_task
+
+        config = self.search()
+        task = load_task(self.task)  # bad task files fail before the model loads
+        split_task(len(task.items), config.n_calib, config.n_dev, config.n_test, config.seed)
+        if self.heads:
+            read_heads(self.heads)
+
+
+def read_heads(spec: str) -> list[tuple[int, int]]:
+    """Heads from a heads.json (``{"heads": [[l, h], ...]}``), a text file of ``L-H`` pairs,
+    or the pairs themselves (checked against the model by :func:`check_heads`)."""
+    from headhunt.heads.act import parse_heads
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "heads.json"
+    if path.is_file():
+        text = path.read_text()
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            heads = parse_heads(text.replace("\n", ","))
+        else:
+            raw = obj.get("heads") if isinstance(obj, dict) else obj
+            try:
+                heads = [(int(a), int(b)) for a, b in raw]
+            except (TypeError, ValueError):
+                raise HeadhuntError(f'{path}: expected {{"heads": [[layer, head], ...]}}') from None
+    elif "-" in spec and not spec.endswith((".json", ".txt")):
+        heads = parse_heads(spec)
+    else:
+        raise HeadhuntError(f"no heads file at {path}")
+    return heads
+
+
+def check_heads(heads: list[tuple[int, int]], n_layers: int, n_heads: int) -> None:
+    for layer, head in heads:
+        require(
+            0 <= layer < n_layers and 0 <= head < n_heads,
+            f"head {layer}-{head} is outside the model ({n_layers} layers x {n_heads} heads)",
+        )
+
+
+class Calibrate(Method):
+    name = "calibrate"
+    Config = CalibrateRunConfig
+    metric = "chosen"
+    help = "ACT attention calibration with held-out test"
+    description = """Attention calibration (ACT, Yu et al. 2024) with honest, held-out evaluation.
+
+The task is split (seeded) into calibration / dev / test. Candidate heads (not in the
+excluded layers) are ranked by the attention ACT would move off their hidden sinks at the
+scored position; the top --max-heads are calibrated one at a time on the calibration split,
+heads that raise accuracy are combined greedily on dev, and the chosen set is evaluated on
+the test split only: baseline vs calibrated accuracy with paired-bootstrap 95% intervals.
+--heads FILE skips the search and applies a saved set (heads.json of an earlier run, or a
+text file of LAYER-HEAD pairs). Tasks: a bundled name or a JSONL file (see README).
+Writes manifest.json, scores.parquet, records.jsonl, split.json, heads.json, result.json,
+test_items.parquet and calibrate.html."""
+
+    def parameters(self, config: CalibrateRunConfig, model: str) -> dict[str, Any]:
+        from headhunt.heads.tasks import load_task
+
+        task = load_task(config.task)
+        return {
+            **config.search().to_dict(),
+            "model": model,
+            "task": task.name,
+            "task_sha256": _task_hash(task),
+            "heads": read_heads(config.heads) if config.heads else None,
+        }
+
+    def run(self, model, config_: CalibrateRunConfig, ctx):
+        import numpy as np
+        from tqdm import tqdm
+
+        from headhunt.heads import calibrate as C
+        from headhunt.heads.tasks import load_task, split_task
+        from headhunt.plots import write_html
+
+        config = config_.search()
+        task = load_task(config_.task)
+        split = split_task(
+            len(task.items), config.n_calib, config.n_dev, config.n_test, config.seed
+        )
+        enc = C.encode_task(model, task)  # prompts longer than the context fail here
+        fixed = read_heads(config_.heads) if config_.heads else None
+        if fixed is not None:
+            check_heads(fixed, model.n_layers, model.n_heads)
+        layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]
+        require(fixed is not None or bool(layers), "every layer is excluded; nothing to calibrate")
+        run_dir = ctx.run_dir
+        (run_dir.path("split.json")).write_text(json.dumps(split.to_dict()) + "\n")
+        act = config.act()
+        records = {_key(r): r for r in ctx.records("records.jsonl")}
+        if records:
+            print(f"resuming: {len(records)} finished evaluations kept")
+
+        def evaluate(key: tuple, indices: list[int], heads, **extra) -> dict:
+            if key in records:
+                return records[key]
+            desc = " ".join(str(k) for k in key)
+            with tqdm(total=len(indices), desc=desc, unit="item", leave=False) as bar:
+                s = C.evaluate(
+                    model,
+                    enc,
+                    indices,
+                    heads=heads,
+                    act=act,
+                    batch_size=config.batch_size,
+                    progress=bar.update,
+                )
+            rec = {
+                "stage": key[0],
+                **extra,
+                "acc": s.accuracy,
+                "logprob": s.mean_logprob,
+                "correct": s.correct.tolist(),
+            }
+            ctx.append("records.jsonl", rec)
+            records[key] = rec
+            return rec
+
+        t1 = time.perf_counter()
+        screen, greedy, mass, kept = [], [], None, []
+        if fixed is not None:
+            chosen = fixed
+        else:
+            key = ("mass",)
+            if key not in records:
+                print("measuring movable sink mass on the calibration prompts ...")
+                m = C.movable_sink_mass(
+                    model, enc, split.calibration, act, layers, batch_size=config.batch_size
+                )
+                ctx.append("records.jsonl", {"stage": "mass", "mass": m.tolist()})
+                records[key] = {"stage": "mass", "mass": m.tolist()}
+            mass = np.array(records[key]["mass"])
+            candidates = C.rank_candidates(mass, config.excluded(model.n_layers), config.max_heads)
+            bar = tqdm(total=len(candidates), desc="screening heads", unit="head")
+            found = C.search_heads(
+                evaluate,
+                candidates,
+                split.calibration,
+                split.dev,
+                on_head=lambda done, total: bar.update(1),
+            )
+            bar.close()
+            screen, greedy, kept, chosen = found.screen, found.greedy, found.kept, found.chosen
+            print(
+                f"{len(kept)} of {len(candidates)} candidates raise calibration accuracy; "
+                f"{len(chosen)} kept by the greedy pass on dev"
+            )
+        (run_dir.path("heads.json")).write_text(
+            json.dumps({"heads": chosen, "act": act.to_dict(), "task": task.name}, indent=1) + "\n"
+        )
+        t_search = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        test_base = evaluate(("test_base",), split.test, [])
+        # With no head chosen the calibrated model is the plain one: reuse the baseline.
+        test_cal = evaluate(("test_cal",), split.test, chosen) if chosen else test_base
+        t_test = time.perf_counter() - t2
+        boot = C.paired_bootstrap(
+            test_base["correct"], test_cal["correct"], config.bootstrap, config.seed
+        )
+        result = {
+            "task": task.name,
+            "heads": chosen,
+            "n_candidates": len(screen),
+            "n_kept": len(kept),
+            "n_accepted": len(chosen) if fixed is None else None,
+            **boot.to_dict(),
+        }
+        (run_dir.path("result.json")).write_text(json.dumps(result, indent=1) + "\n")
+        scores = _write_tables(
+            run_dir, model, split, test_base, test_cal, screen, mass, chosen, records
+        )
+        write_html(
+            _figure(screen, greedy, records, boot, task.name), run_dir.path("calibrate.html")
+        )
+        ctx.timings.update({"search_s": t_search, "test_s": t_test})
+        ctx.extra["summary"] = result
+        if screen:
+            import pandas as pd
+
+            base = records[("calib_base",)]["acc"]
+            df = pd.DataFrame(screen)[["layer", "head", "acc", "logprob"]]
+            df["acc_gain"] = df["acc"] - base
+            print_table(
+                df.sort_values("acc_gain", ascending=False).head(10),
+                "screening (calibration split)",
+            )
+        return scores
+
+    def show(self, run, top: int) -> None:
+        show(run.json("result.json"))
+
+
+def _key(r: dict) -> tuple:
+    if r["stage"] == "screen":
+        return ("screen", r["layer"], r["head"])
+    if r["stage"] == "greedy":
+        return ("greedy", r["step"])
+    return (r["stage"],)
+
+
+def _task_hash(task) -> str:
+    h = hashlib.sha256()
+    for it in task.items:
+        h.update(json.dumps([it.prompt, it.choices, it.answer]).encode())
+    return h.hexdigest()[:16]
+
+
+def _write_tables(run_dir, model, split, test_base, test_cal, screen, mass, chosen, records):
+    import numpy as np
+    import pandas as pd
+
+    from headhunt.heads.scores import HeadScores
+
+    tables = []
+    if mass is not None:
+        tables.append(
+            HeadScores.from_matrix("movable_sink_mass", mass, n_kv_heads=model.n_kv_heads)
+        )
+    nan = np.full((model.n_layers, model.n_heads), np.nan)
+    if screen:
+        base = records[("calib_base",)]
+        gain, lp = nan.copy(), nan.copy()
+        for r in screen:
+            gain[r["layer"], r["head"]] = r["acc"] - base["acc"]
+            lp[r["layer"], r["head"]] = r["logprob"] - base["logprob"]
+        tables.append(HeadScores.from_matrix("calib_acc_gain", gain, n_kv_heads=model.n_kv_heads))
+        tables.append(HeadScores.from_matrix("calib_logprob_gain", lp, n_kv_heads=model.n_kv_heads))
+    sel = np.zeros((model.n_layers, model.n_heads))
+    for layer, head in chosen:
+        sel[layer, head] = 1.0
+    tables.append(HeadScores.from_matrix("chosen", sel, n_kv_heads=model.n_kv_heads))
+    scores = HeadScores.concat(tables)
+    scores.df = scores.df.dropna(subset=["value"]).reset_index(drop=True)
+    pd.DataFrame(
+        {
+            "item": split.test,
+            "baseline_correct": test_base["correct"],
+            "calibrated_correct": test_cal["correct"],
+        }
+    ).to_parquet(run_dir.path("test_items.parquet"), index=False)
+    return scores
+
+
+def _figure(screen, greedy, records, boot, task_name: str):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=(
+            "screening: accuracy gain per head (calibration split)",
+            "greedy combination (dev split)",
+            "test split: accuracy with 95% CI",
+        ),
+    )
+    if screen:
+        base = records[("calib_base",)]["acc"]
+        fig.add_trace(
+            go.Bar(
+                x=[f"{r['layer']}-{r['head']}" for r in screen],
+                y=[r["acc"] - base for r in screen],
+            ),
+            row=1,
+            col=1,
+        )
+    if greedy:
+        fig.add_trace(
+            go.Scatter(
+                x=[f"+{g['layer']}-{g['head']}" for g in greedy],
+                y=[g["acc"] for g in greedy],
+                mode="lines+markers",
+                marker={"color": ["green" if g["accepted"] else "gray" for g in greedy]},
+            ),
+            row=1,
+            col=2,
+        )
+    ys = [boot.baseline, boot.calibrated]
+    lo = [boot.baseline_ci[0], boot.calibrated_ci[0]]
+    hi = [boot.baseline_ci[1], boot.calibrated_ci[1]]
+    fig.add_trace(
+        go.Bar(
+            x=["baseline", "calibrated"],
+            y=ys,
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [h - y for h, y in zip(hi, ys, strict=True)],
+                "arrayminus": [y - v for y, v in zip(ys, lo, strict=True)],
+            },
+        ),
+        row=1,
+        col=3,
+    )
+    fig.update_layout(
+        title=f"ACT calibration on {task_name}: gain {100 * boot.gain:+.1f} points "
+        f"(95% CI {100 * boot.gain_ci[0]:+.1f} to {100 * boot.gain_ci[1]:+.1f})",
+        showlegend=False,
+        height=500,
+        width=1500,
+    )
+    return fig
+
+
+def show(result: dict) -> None:
+    heads = ", ".join(f"{a}-{b}" for a, b in result["heads"]) or "none"
+    print(f"task {result['task']}: calibrated heads: {heads}")
+    b, c, g = result["baseline"], result["calibrated"], result["gain"]
+    bl, bh = result["baseline_ci"]
+    cl, ch = result["calibrated_ci"]
+    gl, gh = result["gain_ci"]
+    print(
+        f"test split ({result['n']} items): baseline {100 * b:.1f}% [{100 * bl:.1f}, "
+        f"{100 * bh:.1f}], calibrated {100 * c:.1f}% [{100 * cl:.1f}, {100 * ch:.1f}], "
+        f"gain {100 * g:+.1f} points [{100 * gl:+.1f}, {100 * gh:+.1f}] (95% paired bootstrap)"
+    )

@@ -1,0 +1,435 @@
+"""Multi-query associative recall (MQAR, Zoology) as a method: the accuracy grid's cells, the
+heads cell and the masking sets are units dealt over ranks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+
+CELLS = "cells.jsonl"
+MASKS = "masking.jsonl"
+HEADS = "heads.jsonl"
+
+
+@dataclass
+class MQARConfig(MethodConfig):
+    """An MQAR run: the (pairs x gap) grid, the cell where recall heads are scored and masked."""
+
+    layout: str = option("kv", "kv or zoology (pretrained models)")
+    pairs: list[int] = option([4, 8, 16, 32], "pairs N")
+    tokens_per_pair: int = option(
+        16, "Zoology sequence length L = this x N (their grid: 16; at least 4)"
+    )
+    gaps: list[int] = option([0, 256, 1024], "filler tokens between the pairs and the queries")
+    examples: int = option(8, "examples per (pairs, gap) cell")
+    power_a: float = option(0.01, "power-law a of the query gaps")
+    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
+    heads_cell: list[int] = option(
+        [8, 0], "N,GAP of the cell where recall heads are scored and masked"
+    )
+    head_examples: int = option(16, "examples of that cell")
+    top_k: int = option(10, "recall heads to mask")
+    random_sets: int = option(5, "random head sets to mask")
+    mask_mode: str = option("query", "query (uniform attention) or output")
+    batch_size: int = option(8, "examples per forward")
+    seed: int = option(0, "random seed", cli=False)
+
+    def check(self) -> None:
+        require(self.layout in ("kv", "zoology"), f"unknown --layout {self.layout!r} (kv, zoology)")
+        require(all(n >= 1 for n in self.pairs), "--pairs must be positive")
+        require(
+            self.tokens_per_pair >= 4, "--tokens-per-pair must be at least 4 (Zoology: L >= 4N)"
+        )
+        require(all(g >= 0 for g in self.gaps), "--gaps must be >= 0")
+        require(self.examples >= 1 and self.head_examples >= 1, "--examples must be at least 1")
+        require(len(self.heads_cell) == 2, "--heads-cell takes N,GAP")
+        require(
+            self.heads_cell[0] >= 1 and self.heads_cell[1] >= 0, "--heads-cell N >= 1, GAP >= 0"
+        )
+        require(self.top_k >= 1 and self.random_sets >= 0, "--top-k >= 1, --random-sets >= 0")
+        require(self.mask_mode in ("query", "output"), "--mask-mode must be query or output")
+        require(self.batch_size >= 1, "--batch-size must be at least 1")
+        require(0 < self.power_a <= 1, "--power-a must be in (0, 1]")
+
+
+def _is_trained_mqar(spec: str) -> bool:
+    import json
+
+    cfg = Path(spec).expanduser() / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return "train" in json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+class CellBuilder:
+    """Builds the examples of one (N, gap) cell for the loaded model, deterministic per cell:
+    rendered into the tokenizer's words, or abstract ids for a model trained on MQAR
+    (``trained``: its training config)."""
+
+    def __init__(self, model, config: MQARConfig, trained=None):
+        from headhunt.heads.mqar import word_pools
+
+        self.model, self.config, self.trained = model, config, trained
+        self.pools = None if trained is not None else word_pools(model.tokenizer, seed=config.seed)
+        self.bos = model.tokenizer.bos_token_id if config.bos else None
+
+    @property
+    def n_keys(self) -> int:
+        """Distinct keys available (the most pairs a cell may have)."""
+        if self.trained is None:
+            return len(self.pools.keys)
+        cfg = self.trained
+        return (cfg.vocab_size - 1) // 2 if cfg.shared_vocab else cfg.vocab_size // 2 - 1
+
+    def __call__(self, n_pairs: int, gap: int, n_examples: int, salt: int = 0):
+        from headhunt.heads.mqar import MQARSpec, generate_mqar, insert_gap, render_mqar
+
+        c = self.config
+        seed = c.seed * 1_000_003 + 7919 * n_pairs + 31 * gap + salt
+        L = c.tokens_per_pair * n_pairs
+        if self.trained is not None:
+            spec = MQARSpec(
+                vocab_size=self.trained.vocab_size,
+                seq_len=L,
+                n_pairs=n_pairs,
+                power_a=c.power_a,
+                shared_vocab=self.trained.shared_vocab,
+            )
+            return insert_gap(
+                generate_mqar(spec, n_examples, seed), gap, spec.vocab_size, seed=seed
+            )
+        if n_pairs > len(self.pools.keys):
+            raise HeadhuntError(f"{n_pairs} pairs exceed the {len(self.pools.keys)} key words")
+        spec = MQARSpec(
+            vocab_size=self.pools.vocab_size, seq_len=L, n_pairs=n_pairs, power_a=c.power_a
+        )
+        return render_mqar(
+            spec,
+            self.pools,
+            n_examples,
+            tokenizer=self.model.tokenizer,
+            layout=c.layout,
+            prefix_gap=gap,
+            bos_id=self.bos,
+            seed=seed,
+        )
+
+
+class MQAR(Method):
+    name = "mqar"
+    Config = MQARConfig
+    metric = "query_to_value"
+    help = "MQAR recall accuracy, recall heads, masking"
+    description = """Multi-query associative recall (MQAR, Zoology) on a model.
+
+Examples follow Zoology's generator (N key-value pairs, every key queried once, power-law
+query gaps, filler) rendered into the model's tokenizer: keys, values and filler are
+single-token words from disjoint pools. --layout kv writes pairs as "key: value," and queries
+as "key:" (the value is predicted at the colon, then shown); --layout zoology keeps Zoology's
+token-for-token layout (bare keys amid filler, answers never shown). --gaps inserts that many
+filler words between the pairs and the queries. A model folder written by headhunt's MQAR
+trainer (heads/mqar_train.py) is run on the abstract token ids directly.
+
+Reports recall accuracy (argmax over the whole vocabulary; and over the value pool) against
+the number of pairs and the gap; the recall heads (mean attention from each query to its key's
+value in the context: query_to_value; to the key: query_to_key; from each context value to its
+key: value_to_key) on the --heads-cell; and accuracy with the --top-k recall heads masked
+against --random-sets sets of as many random other heads. Writes manifest.json,
+scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.html."""
+    units = "grid cells and masking sets"
+    top = 10
+
+    def parameters(self, config: MQARConfig, model: str) -> dict[str, Any]:
+        keys = ("layout", "pairs", "tokens_per_pair", "gaps", "examples", "power_a", "heads_cell")
+        keys += ("head_examples", "top_k", "random_sets", "mask_mode", "seed")
+        params = {"model": model, **{k: getattr(config, k) for k in keys}, "bos": config.bos}
+        if _is_trained_mqar(model):
+            params["layout"] = "abstract"
+        return params
+
+    def load(self, spec):
+        """A folder written by headhunt's MQAR trainer loads with its training config."""
+        if not _is_trained_mqar(spec.spec):
+            return spec.load()
+        from headhunt.heads.mqar_train import load_mqar_model
+
+        model, cfg, _meta = load_mqar_model(spec.spec)
+        model.mqar_config = cfg
+        return model
+
+    def run(self, model, config: MQARConfig, ctx):
+        import numpy as np
+        import torch
+        from tqdm import tqdm
+
+        from headhunt.heads.causal import random_head_sets
+        from headhunt.heads.masking import HeadMask
+        from headhunt.heads.mqar import RECALL_METRICS, MQARResult, recall_scores, run_mqar
+        from headhunt.plots import write_html
+
+        c = config
+        probes = CellBuilder(model, c, getattr(model, "mqar_config", None))
+        most = max(*c.pairs, c.heads_cell[0])
+        require(
+            most <= probes.n_keys,
+            f"{most} pairs exceed the {probes.n_keys} distinct keys available",
+        )
+        n_heads_total = model.n_layers * model.n_heads
+        require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
+        kv = probes.trained is None and c.layout == "kv"
+        for n in {*c.pairs, c.heads_cell[0]}:
+            for gap in {*c.gaps, c.heads_cell[1]}:
+                length = c.tokens_per_pair * n + 2 * n * kv + gap + 1
+                if length > model.max_context:
+                    raise HeadhuntError(
+                        f"N={n}, gap={gap} makes {length}-token examples, longer than the "
+                        f"model's context ({model.max_context})"
+                    )
+
+        # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
+        t1 = time.perf_counter()
+        grid = [(n, g) for g in c.gaps for n in c.pairs]
+        hn, hgap = c.heads_cell
+        hprobe = probes(hn, hgap, c.head_examples, salt=1)
+        done = ctx.done(CELLS, key=lambda r: (r["n_pairs"], r["gap"]))
+        if ctx.records(HEADS):
+            done.add("heads")
+        if done:
+            ctx.say(
+                f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)"
+            )
+        for unit in tqdm(
+            ctx.todo([*grid, "heads"], done),
+            desc="mqar cells",
+            unit="cell",
+            disable=not ctx.show_progress,
+        ):
+            if unit == "heads":
+                base = run_mqar(model, hprobe, batch_size=c.batch_size, score_heads=True)
+                rec = {
+                    "recall": base.recall.tolist(),
+                    "correct": base.correct.int().tolist(),
+                    "correct_pool": base.correct_pool.int().tolist(),
+                }
+                ctx.append(HEADS, rec)
+                continue
+            n, gap = unit
+            probe = probes(n, gap, c.examples)
+            res = run_mqar(model, probe, batch_size=c.batch_size)
+            rec = {
+                "n_pairs": n,
+                "gap": gap,
+                "tokens": int(probe.ids.shape[1]),
+                "correct": res.correct.int().tolist(),
+                "correct_pool": res.correct_pool.int().tolist(),
+                "distance": res.gaps.tolist(),
+            }
+            ctx.append(CELLS, rec)
+        ctx.wait("grid_s", since=t1)  # also waits for every rank's shard
+
+        # 2. Recall heads on the heads cell (every rank reads the one record).
+        t2 = time.perf_counter()
+        rec = ctx.records(HEADS)[0]
+        recall = torch.tensor(rec["recall"])
+        base = MQARResult(
+            torch.tensor(rec["correct"]).bool(),
+            torch.tensor(rec["correct_pool"]).bool(),
+            hprobe.gaps(),
+            recall,
+        )
+        scores = recall_scores(
+            recall, hprobe.query_pos.numel(), n_kv_heads=model.n_kv_heads, n_pairs=hn, gap=hgap
+        )
+        ctx.timings["heads_s"] = time.perf_counter() - t2
+
+        # 3. Masking: the top-k recall heads against random sets of as many other heads.
+        t3 = time.perf_counter()
+        top = scores.top("query_to_value", c.top_k)
+        recall_heads = [(int(r.layer), int(r.head)) for r in top.itertuples()]
+        sets = {"recall heads": recall_heads}
+        others = random_head_sets(
+            model.n_layers, model.n_heads, c.top_k, c.random_sets, exclude=recall_heads, seed=c.seed
+        )
+        for i, s in enumerate(others):
+            sets[f"random {i + 1}"] = s
+        masked = ctx.done(MASKS, key=lambda r: r["name"])
+        for name in tqdm(
+            ctx.todo(list(sets), masked), desc="masking", unit="set", disable=not ctx.show_progress
+        ):
+            hs = sets[name]
+            res = run_mqar(
+                model, hprobe, batch_size=c.batch_size, hooks=[HeadMask(hs, c.mask_mode)]
+            )
+            ctx.append(
+                MASKS,
+                {
+                    "name": name,
+                    "heads": hs,
+                    "accuracy": res.accuracy,
+                    "accuracy_pool": res.accuracy_pool,
+                },
+            )
+        ctx.wait("masking_s", since=t3)
+        cell_recs = ctx.collect(CELLS, grid, key=lambda r: (r["n_pairs"], r["gap"]))
+        if cell_recs is None:
+            return None
+        ctx.collect(HEADS, ["heads"], key=lambda r: "heads")
+        by_name = {r["name"]: r for r in ctx.collect(MASKS, list(sets), key=lambda r: r["name"])}
+        acc = accuracy_table(cell_recs)
+        rand = [by_name[n]["accuracy"] for n in sets if n != "recall heads"]
+        rand_pool = [by_name[n]["accuracy_pool"] for n in sets if n != "recall heads"]
+        masking = {
+            "cell": {"n_pairs": hn, "gap": hgap, "examples": c.head_examples},
+            "mode": c.mask_mode,
+            "baseline": base.accuracy,
+            "baseline_pool": base.accuracy_pool,
+            "recall_heads": recall_heads,
+            "masked": by_name["recall heads"]["accuracy"],
+            "masked_pool": by_name["recall heads"]["accuracy_pool"],
+            "random": rand,
+            "random_pool": rand_pool,
+            "random_mean": float(np.mean(rand)) if rand else None,
+            "random_pool_mean": float(np.mean(rand_pool)) if rand_pool else None,
+            "random_sets": [sets[n] for n in sets if n != "recall heads"],
+        }
+        acc.to_csv(ctx.path("accuracy.csv"), index=False)
+        distance_table(cell_recs).to_csv(ctx.path("distance.csv"), index=False)
+        ctx.write_json("masking.json", masking)
+        summary = {
+            "layout": "abstract" if probes.trained is not None else c.layout,
+            "accuracy_overall": float(acc["accuracy"].mean()),
+            "recall_heads": recall_heads,
+            "metrics": RECALL_METRICS,
+        }
+        ctx.write_json("summary.json", summary)
+        write_html(figure(acc, scores, masking, model.name), ctx.path("mqar.html"))
+        ctx.extra["summary"] = summary
+        return scores
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        show(pd.read_csv(run.path / "accuracy.csv"), run.scores(), run.json("masking.json"), top)
+
+
+def accuracy_table(cells: list[dict]):
+    """One row per (pairs, gap) cell: tokens, queries, accuracy, accuracy over the value pool."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for c in cells:
+        cor = np.asarray(c["correct"], float)
+        rows.append(
+            {
+                "n_pairs": c["n_pairs"],
+                "gap": c["gap"],
+                "tokens": c["tokens"],
+                "queries": cor.size,
+                "accuracy": float(cor.mean()),
+                "accuracy_pool": float(np.mean(c["correct_pool"])),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def distance_table(cells: list[dict]):
+    """Accuracy pooled over cells by the distance (tokens) from a context value to its query."""
+    import numpy as np
+    import pandas as pd
+
+    d = np.concatenate([np.ravel(c["distance"]) for c in cells])
+    cor = np.concatenate([np.ravel(c["correct"]) for c in cells]).astype(float)
+    edges = [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, np.inf]
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        sel = (d >= lo) & (d < hi)
+        if sel.any():
+            rows.append(
+                {
+                    "distance": f"{int(lo)}-{'' if np.isinf(hi) else int(hi) - 1}",
+                    "queries": int(sel.sum()),
+                    "accuracy": float(cor[sel].mean()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def show(acc, scores, masking: dict, top: int) -> None:
+    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
+    wide.columns = [f"gap {c}" for c in wide.columns]
+    print_table(wide.reset_index(), "MQAR accuracy (rows: pairs N; columns: filler gap)")
+    cols = ["layer", "head", "kv_head", "value"]
+    t = scores.top("query_to_value", top)[cols].rename(columns={"value": "query_to_value"})
+    other = scores.df.pivot_table(index=["layer", "head"], columns="metric", values="value")
+    t["query_to_key"] = [other.loc[(r.layer, r.head), "query_to_key"] for r in t.itertuples()]
+    t["value_to_key"] = [other.loc[(r.layer, r.head), "value_to_key"] for r in t.itertuples()]
+    c = masking["cell"]
+    print_table(t, f"recall heads (N={c['n_pairs']}, gap={c['gap']})")
+    rand = masking["random"]
+    rmean = f"{masking['random_mean']:.3f}" if rand else "n/a"
+    print(
+        f"Masking ({masking['mode']}) on N={c['n_pairs']}, gap={c['gap']}: accuracy "
+        f"{masking['baseline']:.3f} unmasked, {masking['masked']:.3f} with the "
+        f"{len(masking['recall_heads'])} recall heads masked, {rmean} with as many random "
+        f"heads (mean of {len(rand)} sets: {', '.join(f'{r:.3f}' for r in rand)})."
+    )
+
+
+def figure(acc, scores, masking: dict, name: str):
+    """Accuracy heatmap, recall-head heatmap and the masking bars."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=[
+            "accuracy (pairs x gap)",
+            "query -> value attention (recall heads)",
+            "masking",
+        ],
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=wide.to_numpy(),
+            x=[str(c) for c in wide.columns],
+            y=[str(i) for i in wide.index],
+            colorscale="Viridis",
+            zmin=0,
+            zmax=1,
+            showscale=False,
+            texttemplate="%{z:.2f}",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=scores.matrix("query_to_value"),
+            colorscale="Magma",
+            colorbar={"title": "attention"},
+            hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
+    names = ["none", "recall heads"] + [f"random {i + 1}" for i in range(len(masking["random"]))]
+    vals = [masking["baseline"], masking["masked"], *masking["random"]]
+    fig.add_trace(go.Bar(x=names, y=vals, showlegend=False), row=1, col=3)
+    fig.update_xaxes(title_text="gap", row=1, col=1)
+    fig.update_yaxes(title_text="pairs N", row=1, col=1)
+    fig.update_xaxes(title_text="head", row=1, col=2)
+    fig.update_yaxes(title_text="layer", row=1, col=2)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1], row=1, col=3)
+    fig.update_layout(title=f"MQAR recall: {name}", height=520, width=1500)
+    return fig

@@ -1,0 +1,326 @@
+"""N-gram, induction and previous-token heads as a method: probe sequences dealt over ranks in
+whole batches."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+
+SOURCES = ("random", "planted", "natural")
+
+
+@dataclass
+class NgramRunConfig(MethodConfig):
+    """An n-gram run: the probe sequences and the scores (:class:`headhunt.heads.ngram.NgramConfig`)."""
+
+    inputs: list[str] = option(list(SOURCES), "probe kinds: random, planted, natural")
+    n_seqs: int = option(8, "random and planted sequences")
+    repeat_len: int = option(50, "random tokens per repeat")
+    repeats: int = option(2, "repeats of the random tokens")
+    planted_len: int = option(256, "tokens per planted sequence")
+    texts: str | None = option(
+        None,
+        'natural texts: a .txt file (one text) or .jsonl ({"text": ...} per line); default: '
+        "the bundled essays",
+        type=str,
+    )
+    text_tokens: int = option(512, "tokens per natural chunk")
+    n_texts: int = option(4, "natural chunks (at most)")
+    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
+    k_max: int = option(4, "largest k-gram order (1..8)")
+    exclude_bos: bool = option(False, "TransformerLens: drop attention to key 0")
+    exclude_current_token: bool = option(
+        False, "TransformerLens: drop attention to the query's own position"
+    )
+    order_contrast: float = option(0.5, "contrast of an order")
+    order_mass: float = option(0.1, "mass of an order")
+    min_queries: int = option(5, "queries behind a contrast")
+    batch_size: int = option(8, "sequences per forward")
+    seed: int = option(0, "random seed", cli=False)
+
+    def scores(self):
+        from headhunt.heads.ngram import NgramConfig
+
+        return NgramConfig(
+            k_max=self.k_max,
+            order_contrast=self.order_contrast,
+            order_mass=self.order_mass,
+            min_queries=self.min_queries,
+            exclude_bos=self.exclude_bos,
+            exclude_current_token=self.exclude_current_token,
+        )
+
+    def check(self) -> None:
+        bad = [s for s in self.inputs if s not in SOURCES]
+        require(not bad, f"unknown --inputs {bad} (use {', '.join(SOURCES)})")
+        require(1 <= self.k_max <= 8, f"--k-max must be in 1..8, got {self.k_max}")
+        require(self.n_seqs >= 1, "--n-seqs must be at least 1")
+        require(self.n_texts >= 1, "--n-texts must be at least 1")
+        require(
+            self.repeat_len >= 2 and self.repeats >= 2, "--repeat-len and --repeats must be >= 2"
+        )
+        require(self.planted_len >= 8, "--planted-len must be at least 8")
+        require(self.text_tokens >= 2, "--text-tokens must be at least 2")
+        require(self.batch_size >= 1, "--batch-size must be at least 1")
+        require(-1 <= self.order_contrast <= 1, "--order-contrast must be in [-1, 1]")
+        require(0 <= self.order_mass <= 1, "--order-mass must be in [0, 1]")
+        require(self.min_queries >= 1, "--min-queries must be at least 1")
+        self.natural_texts()  # a bad texts file fails before the model loads
+
+    def natural_texts(self) -> list[str] | None:
+        """The user's natural texts (None: the bundled essays, or no natural input)."""
+        from headhunt.heads.ngram_inputs import read_texts
+
+        return read_texts(self.texts) if self.texts and "natural" in self.inputs else None
+
+
+def build_inputs(model, config: NgramRunConfig, texts: list[str] | None) -> dict:
+    """The probe sequences of each requested kind (deterministic given the seed)."""
+    from headhunt.heads.needles import default_haystack_text
+    from headhunt.heads.ngram_inputs import (
+        natural_chunks,
+        planted_kgrams,
+        repeated_random,
+        token_pool,
+    )
+
+    tok = model.tokenizer
+    bos = tok.bos_token_id if config.bos else None
+    vocab = min(len(tok), int(model.model.config.vocab_size))
+    pool = token_pool(tok, vocab)
+    out = {}
+    if "random" in config.inputs:
+        out["random"] = list(
+            repeated_random(
+                pool,
+                n_seqs=config.n_seqs,
+                length=config.repeat_len,
+                repeats=config.repeats,
+                bos_id=bos,
+                seed=config.seed,
+            )
+        )
+    if "planted" in config.inputs:
+        out["planted"] = list(
+            planted_kgrams(
+                pool,
+                n_seqs=config.n_seqs,
+                length=config.planted_len,
+                k_max=config.k_max,
+                bos_id=bos,
+                seed=config.seed + 1,
+            )
+        )
+    if "natural" in config.inputs:
+        out["natural"] = natural_chunks(
+            tok,
+            texts if texts is not None else [default_haystack_text()],
+            n_tokens=config.text_tokens,
+            n_chunks=config.n_texts,
+            bos_id=bos,
+        )
+    from headhunt.heads.ngram import match_pairs
+
+    for source, seqs in out.items():
+        if not any((mp.p + 1 < mp.t).any() for mp in (match_pairs(s, 1) for s in seqs)):
+            raise HeadhuntError(
+                f"the {source} texts are too short to contain any repeated token, so no query "
+                "has a k-gram match: use longer or more texts"
+            )
+        longest = max(len(s) for s in seqs)
+        if longest > model.max_context:
+            raise HeadhuntError(
+                f"{source} sequences have {longest} tokens, longer than the model's context "
+                f"({model.max_context})"
+            )
+    return out
+
+
+class Ngram(Method):
+    name = "ngram"
+    Config = NgramRunConfig
+    metric = "induction"
+    help = "n-gram, induction and previous-token heads"
+    description = """Score every head as previous-token, duplicate-token and induction head
+(TransformerLens head_detector conventions, "mul" score) and as a k-gram head for k = 1..k-max
+(Akyürek et al. 2024): the attention mass a query puts on the keys that follow earlier
+occurrences of its last k tokens, the mass on keys where only the last k-1 tokens match, and
+the contrast between the two per key ((F - O) / (F + O): 1 = only full k-gram matches, 0 = no
+preference). A head's best order is the largest k whose contrast >= --order-contrast and
+mass >= --order-mass. Probes: --inputs random (50 random tokens repeated twice), planted
+(random tokens with planted k-gram repeats and (k-1)-only distractors), natural (the bundled
+essays, or --texts). Scores come from per-query log-sum-exp and exact probabilities at the
+matched positions (headhunt.kernels): memory grows with n x matches, not n^2. Writes
+manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
+    units = "batches of sequences"
+    top = 10
+
+    def parameters(self, config: NgramRunConfig, model: str) -> dict[str, Any]:
+        return {
+            **config.scores().to_dict(),
+            "model": model,
+            "inputs": config.inputs,
+            "n_seqs": config.n_seqs,
+            "repeat_len": config.repeat_len,
+            "repeats": config.repeats,
+            "planted_len": config.planted_len,
+            "texts": str(Path(config.texts).resolve()) if config.texts else "bundled essays",
+            "text_tokens": config.text_tokens,
+            "n_texts": config.n_texts,
+            "bos": config.bos,
+            "seed": config.seed,
+        }
+
+    def run(self, model, config: NgramRunConfig, ctx):
+        from tqdm import tqdm
+
+        from headhunt.heads.ngram import SeqRecord, plan_batches, score_sequences, summarize
+        from headhunt.heads.scores import HeadScores
+        from headhunt.plots import write_html
+
+        cfg = config.scores()
+        inputs = build_inputs(model, config, config.natural_texts())
+        # Whole batches are dealt over the ranks; a record keeps its sequence's index.
+        for source, seqs in inputs.items():
+            name = f"records-{source}.jsonl"
+            done = ctx.done(name, key=lambda r: r["index"])
+            if done:
+                ctx.say(f"{source}: resuming, {len(done)} of {len(seqs)} sequences already done")
+            batches = [b for b in ctx.todo(plan_batches(seqs, config.batch_size)) if set(b) - done]
+            t1 = time.perf_counter()
+            bar = tqdm(
+                total=sum(map(len, batches)), desc=source, unit="seq", disable=not ctx.show_progress
+            )
+            for batch in batches:
+
+                def save(j, r, batch=batch, name=name, done=done):
+                    if batch[j] not in done:
+                        ctx.append(name, {"index": batch[j], **r.to_dict()})
+
+                score_sequences(
+                    model,
+                    [seqs[k] for k in batch],
+                    cfg,
+                    batch_size=config.batch_size,
+                    on_record=save,
+                )
+                bar.update(len(batch))
+            bar.close()
+            ctx.wait(f"{source}_s", since=t1)
+        if not ctx.is_main:
+            return None
+
+        tables, summary = [], {}
+        for source, seqs in inputs.items():
+            records = ctx.collect(
+                f"records-{source}.jsonl", list(range(len(seqs))), key=lambda r: r["index"]
+            )
+            recs = [SeqRecord.from_dict(r) for r in records]
+            scores = summarize(recs, cfg, n_kv_heads=model.n_kv_heads, source=source)
+            tables.append(scores)
+            summary[source] = {
+                "sequences": len(seqs),
+                "tokens": sorted({len(s) for s in seqs}),
+                **_query_counts(scores, source, cfg.k_max),
+            }
+        scores = HeadScores.concat(tables)
+        order_frame(scores, list(inputs)).to_csv(ctx.path("orders.csv"), index=False)
+        ctx.write_json("summary.json", summary)
+        write_html(figure(scores, list(inputs), model.name), ctx.path("ngram.html"))
+        ctx.extra["summary"] = summary
+        return scores
+
+    def show(self, run, top: int) -> None:
+        show(run.scores(), run.manifest["parameters"]["inputs"], top)
+
+
+def _query_counts(scores, source: str, k_max: int) -> dict[str, list[int]]:
+    """Queries with a full k-gram match, and with both kinds of keys, per order k."""
+    out = {}
+    for metric in ("kgram_queries", "kgram_both_queries"):
+        out[metric] = [
+            int(scores.matrix(metric, source=source, order=k)[0, 0]) for k in range(1, k_max + 1)
+        ]
+    return out
+
+
+def order_frame(scores, sources: list[str]):
+    """Every head's best order per source (one row per head and source)."""
+    import pandas as pd
+
+    from headhunt.heads.ngram import order_table
+
+    frames = []
+    for s in sources:
+        df = order_table(scores, s, min_order=0)
+        df.insert(0, "source", s)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def show(scores, sources: list[str], top: int) -> None:
+    from headhunt.heads.ngram import order_table
+
+    for source in sources:
+        for metric in ("induction", "prev_token"):
+            t = scores.top(metric, top, source=source)[["layer", "head", "kv_head", "value"]]
+            print_table(t.rename(columns={"value": metric}), f"{source}: top {metric} heads")
+        high = order_table(scores, source, min_order=2).head(top)
+        title = f"{source}: heads of best order >= 2 (contrast = at that order)"
+        if len(high):
+            print_table(high, title)
+        else:
+            print(f"{source}: no head of best order >= 2")
+
+
+def figure(scores, sources: list[str], name: str):
+    """Heatmaps: induction and previous-token score, best order and its contrast, per source."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    panels = []
+    for s in sources:
+        panels += [
+            (f"{s}: induction", scores.matrix("induction", source=s)),
+            (f"{s}: previous token", scores.matrix("prev_token", source=s)),
+            (f"{s}: best k-gram order", scores.matrix("ngram_order", source=s)),
+            (f"{s}: contrast at best order", scores.matrix("ngram_contrast", source=s)),
+        ]
+    fig = make_subplots(rows=len(sources), cols=4, subplot_titles=[t for t, _ in panels])
+    axes = ["coloraxis", "coloraxis", "coloraxis2", "coloraxis3"]
+    for i, (_title, m) in enumerate(panels):
+        fig.add_trace(
+            go.Heatmap(
+                z=m,
+                coloraxis=axes[i % 4],
+                hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+            ),
+            row=i // 4 + 1,
+            col=i % 4 + 1,
+        )
+    n_layers = scores.matrix("induction", source=sources[0]).shape[0]
+    fig.update_layout(
+        title=f"N-gram and induction heads: {name}",
+        height=max(450, 14 * n_layers) * len(sources),
+        coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"x": 1.02}},
+        coloraxis2={
+            "colorscale": "Plasma",
+            "cmin": 0,
+            "cmax": int(scores.df["order"].max()),
+            "colorbar": {"x": 1.09, "title": "order"},
+        },
+        coloraxis3={
+            "colorscale": "RdBu",
+            "cmin": -1,
+            "cmax": 1,
+            "colorbar": {"x": 1.16, "title": "contrast"},
+        },
+    )
+    fig.update_xaxes(title_text="head")
+    fig.update_yaxes(title_text="layer")
+    return fig
