@@ -14,6 +14,8 @@ from typing import Any
 from headhunt.errors import HeadhuntError
 from headhunt.methods.base import Method, MethodConfig, option, print_table, require
 
+RECORDS = "records.jsonl"
+
 
 @dataclass
 class CalibrateRunConfig(MethodConfig):
@@ -95,6 +97,7 @@ class Calibrate(Method):
     Config = CalibrateRunConfig
     metric = "chosen"
     help = "ACT attention calibration with held-out test"
+    units = "screened heads"
     description = """Attention calibration (ACT, Yu et al. 2024) with honest, held-out evaluation.
 
 The task is split (seeded) into calibration / dev / test. Candidate heads (not in the
@@ -139,17 +142,24 @@ test_items.parquet and calibrate.html."""
         layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]
         require(fixed is not None or bool(layers), "every layer is excluded; nothing to calibrate")
         run_dir = ctx.run_dir
-        (run_dir.path("split.json")).write_text(json.dumps(split.to_dict()) + "\n")
+        if ctx.is_main:
+            run_dir.path("split.json").write_text(json.dumps(split.to_dict()) + "\n")
         act = config.act()
-        records = {_key(r): r for r in ctx.records("records.jsonl")}
+        records = {_key(r): r for r in ctx.records(RECORDS)}
         if records:
-            print(f"resuming: {len(records)} finished evaluations kept")
+            ctx.say(f"resuming: {len(records)} finished evaluations kept")
 
         def evaluate(key: tuple, indices: list[int], heads, **extra) -> dict:
             if key in records:
                 return records[key]
             desc = " ".join(str(k) for k in key)
-            with tqdm(total=len(indices), desc=desc, unit="item", leave=False) as bar:
+            with tqdm(
+                total=len(indices),
+                desc=desc,
+                unit="item",
+                leave=False,
+                disable=not ctx.show_progress,
+            ) as bar:
                 s = C.evaluate(
                     model,
                     enc,
@@ -166,7 +176,7 @@ test_items.parquet and calibrate.html."""
                 "logprob": s.mean_logprob,
                 "correct": s.correct.tolist(),
             }
-            ctx.append("records.jsonl", rec)
+            ctx.append(RECORDS, rec)
             records[key] = rec
             return rec
 
@@ -176,29 +186,38 @@ test_items.parquet and calibrate.html."""
             chosen = fixed
         else:
             key = ("mass",)
-            if key not in records:
+            if key not in records and ctx.is_main:
                 print("measuring movable sink mass on the calibration prompts ...")
                 m = C.movable_sink_mass(
                     model, enc, split.calibration, act, layers, batch_size=config.batch_size
                 )
-                ctx.append("records.jsonl", {"stage": "mass", "mass": m.tolist()})
-                records[key] = {"stage": "mass", "mass": m.tolist()}
+                ctx.append(RECORDS, {"stage": "mass", "mass": m.tolist()})
+            ctx.wait()  # every rank ranks the candidates from rank 0's one measurement
+            records.update({_key(r): r for r in ctx.records(RECORDS)})
             mass = np.array(records[key]["mass"])
             candidates = C.rank_candidates(mass, config.excluded(model.n_layers), config.max_heads)
-            bar = tqdm(total=len(candidates), desc="screening heads", unit="head")
-            found = C.search_heads(
-                evaluate,
-                candidates,
-                split.calibration,
-                split.dev,
-                on_head=lambda done, total: bar.update(1),
-            )
-            bar.close()
+            # The screening (the baseline and each candidate alone on the calibration split) is
+            # dealt over the ranks; the greedy pass on dev depends on it and runs on rank 0.
+            plan = [("calib_base",), *[("screen", la, h) for la, h in candidates]]
+            for unit in tqdm(
+                ctx.todo(plan, records), desc="screening heads", unit="head",
+                disable=not ctx.show_progress,
+            ):  # fmt: skip
+                heads = [] if unit[0] == "calib_base" else [unit[1:]]
+                extra = {} if unit[0] == "calib_base" else {"layer": unit[1], "head": unit[2]}
+                evaluate(unit, split.calibration, heads, **extra)
+            ctx.wait()
+            if not ctx.is_main:
+                return None
+            records.update({_key(r): r for r in ctx.records(RECORDS)})
+            found = C.search_heads(evaluate, candidates, split.calibration, split.dev)
             screen, greedy, kept, chosen = found.screen, found.greedy, found.kept, found.chosen
             print(
                 f"{len(kept)} of {len(candidates)} candidates raise calibration accuracy; "
                 f"{len(chosen)} kept by the greedy pass on dev"
             )
+        if not ctx.is_main:
+            return None
         (run_dir.path("heads.json")).write_text(
             json.dumps({"heads": chosen, "act": act.to_dict(), "task": task.name}, indent=1) + "\n"
         )
@@ -219,6 +238,13 @@ test_items.parquet and calibrate.html."""
             "n_accepted": len(chosen) if fixed is None else None,
             **boot.to_dict(),
         }
+        # One records file in the order one process evaluates them, however the work was split.
+        order = [("test_base",), *[("test_cal",)] * bool(chosen)]
+        if fixed is None:
+            screened = [("screen", la, h) for la, h in candidates]
+            steps = [("greedy", i) for i in range(len(greedy))]
+            order = [("mass",), ("calib_base",), *screened, ("dev_base",), *steps, *order]
+        ctx.collect(RECORDS, order, key=_key)
         (run_dir.path("result.json")).write_text(json.dumps(result, indent=1) + "\n")
         scores = _write_tables(
             run_dir, model, split, test_base, test_cal, screen, mass, chosen, records

@@ -129,3 +129,13 @@ def test_bad_input_is_one_line_and_leaves_nothing(
     assert code == 2
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not out.exists() and not (tmp_path / "run.partial").exists()
+
+
+def test_two_processes_match_one(tiny_folder, tmp_path, one_and_two_processes):
+    """--nproc 2: the screening (the calibration baseline and each candidate head) is dealt over
+    two gloo processes; the run directory equals one process's."""
+    task = task_file(tmp_path / "task.jsonl")
+    argv = ["calibrate", "--model", str(tiny_folder), "--task", str(task), "--device", "cpu"]
+    one, _ = one_and_two_processes([*argv, *FAST], tmp_path)
+    stages = [json.loads(r)["stage"] for r in (one / "records.jsonl").read_text().splitlines()]
+    assert stages[:5] == ["mass", "calib_base", "screen", "screen", "screen"]
