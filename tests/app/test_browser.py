@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from headhunt import inspect as hi
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -119,7 +121,7 @@ def keep_screenshot(page, tmp_path, name: str) -> None:
     shutil.copy(shot, ARTIFACTS / name)
 
 
-def test_open_a_run_pick_a_head_and_see_its_detail(server, tmp_path):
+def test_open_a_run_pick_a_head_and_see_its_detail(server, runs_root, tmp_path):
     from playwright.sync_api import expect
 
     with chromium_page() as page:
@@ -128,6 +130,26 @@ def test_open_a_run_pick_a_head_and_see_its_detail(server, tmp_path):
         expect(page.get_by_role("heading", name="Runs")).to_be_visible()
         # The broken run folders are reported, the good runs still listed.
         expect(page.get_by_text("unfinished run: rerun its command with --resume")).to_be_visible()
+
+        # Issue 18.2: the Runs table follows the sidebar: open a run from the table, another
+        # from the sidebar, then the first one from the table again (that click did nothing
+        # while the table kept its old tick). The grid is drawn on a canvas: click rows by
+        # position (a header and rows of 35 px, in the catalog's order).
+        order = [e.name for e in hi.scan_runs(runs_root)]
+        run_picker = sidebar.get_by_role("combobox", name="run")
+
+        def click_row(name: str) -> None:
+            page.wait_for_timeout(1000)  # the table redraws for the open run
+            box = page.get_by_test_id("stDataFrame").first.bounding_box()
+            page.mouse.click(box["x"] + 18, box["y"] + 35 * (order.index(name) + 1) + 17)
+            expect(page.get_by_role("heading", name=f"Run {name}")).to_be_visible()
+
+        click_row("ngram-tiny")
+        sidebar.get_by_test_id("stSelectbox").first.click()
+        page.get_by_role("option", name="sinks-tiny (sinks)").click()
+        expect(page.get_by_role("heading", name="Run sinks-tiny")).to_be_visible()
+        click_row("ngram-tiny")
+        expect(run_picker).to_have_value("ngram-tiny (ngram)")
 
         # Open the retrieval run from the sidebar's run picker.
         sidebar.get_by_test_id("stSelectbox").first.click()
