@@ -196,6 +196,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     seed_everything(args.seed)
     model = open_model(args)
+    # A prompt longer than the context would fail only after minutes of capture and patching.
+    pairs = report.load_pairs(model, params, args.task_file)
+    longest = max(len(ids) for ids in [*pairs.positive, *pairs.negative])
+    require(
+        longest <= model.max_context,
+        f"a prompt has {longest} tokens, more than the model's context ({model.max_context})",
+    )
     path = report.run(
         model,
         run_dir,

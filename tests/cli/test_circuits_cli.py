@@ -244,3 +244,16 @@ def test_truth_from_another_run(tmp_path, task_file, use_planted, planted, capsy
         ]
     )
     assert rc == 2 and "other prompt pairs" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_work(tmp_path, tiny_folder, capsys):
+    pair = {"positive": "the " * 1100 + "blue", "negative": "the " * 1100 + "red"}
+    pair.update(answer=" blue", wrong=" red")
+    task = tmp_path / "long.jsonl"
+    task.write_text(json.dumps(pair) + "\n" + json.dumps(pair) + "\n")
+    out = tmp_path / "r"
+    args = ["circuits", "--model", str(tiny_folder), "--task-file", str(task), "--out", str(out)]
+    assert main([*args, *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than the model's context (1024)" in err
+    assert not out.exists() and not (tmp_path / "r.partial").exists()
