@@ -42,7 +42,7 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.scores import HeadScores
-from headhunt.probes.capture import capture_attention_stats
+from headhunt.probes.capture import capture_attention_stats, capture_stats_and_counts
 from headhunt.probes.hooked import HookedModel
 
 
@@ -100,7 +100,8 @@ class TextSinks:
         s0_prefix: [layers][heads] ``s_0`` on the first ``eps_tokens`` tokens.
         hidden_count: [layers][heads] number of hidden sinks.
         hidden_mass: [layers][heads] attention on hidden sinks, averaged over all queries.
-        sinks: hidden sinks as ``[layer, head, position, s_j]`` rows.
+        sinks: hidden sinks as ``[layer, head, position, s_j, queries]`` rows (``queries``:
+            how many queries see the key; rows written before it was kept have four items).
         massive: per layer ``[top |value| ..., median |value|, top position, top channel]``.
     """
 
@@ -211,12 +212,13 @@ def analyze_text(
         )
     massive = _MassiveActivations(model, cfg.massive_top)
     with massive, _last_position_logits(model):
-        stats = capture_attention_stats(model, ids[None], key_stats=True)
-    count = torch.arange(n, 0, -1, dtype=torch.float32)  # queries that see key j: n - j
-    judged = count >= cfg.min_count(n)
+        stats, counts = capture_stats_and_counts(model, ids[None], key_stats=True)
     s0, hidden_count, hidden_mass, sinks = [], [], [], []
     for layer in range(model.n_layers):
         st = stats[layer]
+        # Queries that see key j: n - j, or fewer on a sliding-window layer.
+        count = counts[layer][0].cpu()
+        judged = count >= cfg.min_count(n)
         col_mean = st.col_mean[0].float().cpu()  # [heads, n]
         col_sum = st.col_sum[0].float().cpu()
         is_sink = (col_mean > cfg.tau) & judged
@@ -225,7 +227,7 @@ def analyze_text(
         hidden_count.append(is_sink.sum(-1).tolist())
         hidden_mass.append((torch.where(is_sink, col_sum, 0.0).sum(-1) / n).tolist())
         for head, pos in is_sink.nonzero().tolist():
-            sinks.append([layer, head, pos, float(col_mean[head, pos])])
+            sinks.append([layer, head, pos, float(col_mean[head, pos]), int(count[pos])])
     del stats
     t = min(cfg.eps_tokens, n)
     with _last_position_logits(model):
@@ -284,7 +286,7 @@ def summarize(
     sink_rows = []
     for t in texts:
         n = len(t.token_ids)
-        for layer, head, pos, s in t.sinks:
+        for layer, head, pos, s, *seen in t.sinks:
             layer, head, pos = int(layer), int(head), int(pos)
             sink_rows.append(
                 {
@@ -295,7 +297,7 @@ def summarize(
                     "position": pos,
                     "token": decode(t.token_ids[pos]),
                     "s": float(s),
-                    "queries": n - pos,
+                    "queries": int(seen[0]) if seen else n - pos,
                 }
             )
     sinks = pd.DataFrame(

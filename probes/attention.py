@@ -184,6 +184,20 @@ class AttentionCall:
         lo = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp_min(0)
         return lo[None], pos[None]
 
+    def key_counts(self) -> Int[Tensor, "batch n_k"]:
+        """How many of this call's queries see each key (the ``col_mean`` normaliser): with a
+        sliding window a key is seen by at most ``window`` queries, a pad key by none."""
+        b, nq, nk = self.query.shape[0], self.query.shape[2], self.key.shape[2]
+        vis = self.visible_keys()
+        lo, hi = self._plain_intervals(None) if vis is None else vis
+        lo, hi = lo.expand(b, nq), hi.expand(b, nq)
+        seen = lo <= hi
+        # +1 at each row's first key, -1 after its last: a running sum counts the rows.
+        diff = torch.zeros(b, nk + 1, dtype=torch.long, device=lo.device)
+        diff.scatter_add_(1, torch.where(seen, lo, nk), seen.long())
+        diff.scatter_add_(1, torch.where(seen, hi + 1, nk), -seen.long())
+        return diff.cumsum(1)[:, :nk]
+
     # ---------------------------------------------------------------- small dense rows
 
     def scores(

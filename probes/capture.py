@@ -54,6 +54,7 @@ class StatsCapture(AttentionHook):
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.stats: dict[int, object] = {}
+        self.key_counts: dict[int, Tensor] = {}  # layer -> [b, n_k] queries that see each key
 
     def before(self, call: AttentionCall) -> None:
         from headhunt.kernels import attention_stats
@@ -61,6 +62,7 @@ class StatsCapture(AttentionHook):
         self.stats[call.layer] = attention_stats(
             call.query, call.key, **call.kernel_kwargs(), **self.kwargs
         )
+        self.key_counts[call.layer] = call.key_counts()
 
 
 @torch.inference_mode()
@@ -79,11 +81,27 @@ def capture_attention_stats(
     go to :func:`headhunt.kernels.attention_stats` (``key_stats``, ``entropy``, ``backend``).
     Memory grows linearly with the sequence length.
     """
+    return capture_stats_and_counts(
+        model, input_ids, layers, attention_mask=attention_mask, **kwargs
+    )[0]
+
+
+@torch.inference_mode()
+def capture_stats_and_counts(
+    model: HookedModel,
+    input_ids: Int[Tensor, "batch n"],
+    layers: Collection[int] | None = None,
+    *,
+    attention_mask: Int[Tensor, "batch n"] | None = None,
+    **kwargs,
+) -> tuple[dict[int, object], dict[int, Int[Tensor, "batch n"]]]:
+    """:func:`capture_attention_stats` and, per layer, how many queries see each key (fewer
+    than ``n - j`` on a sliding-window or padded layer)."""
     cap = StatsCapture(**kwargs)
     extra = {} if attention_mask is None else {"attention_mask": attention_mask.to(model.device)}
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
         model.forward(input_ids, use_cache=False, logits_to_keep=1, **extra)  # no [n, vocab]
-    return cap.stats
+    return cap.stats, cap.key_counts
 
 
 class DecodeArgmax(AttentionHook):

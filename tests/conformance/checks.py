@@ -12,7 +12,7 @@ import torch
 
 from headhunt.heads.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
-from headhunt.probes.capture import capture_attention_stats, greedy_decode
+from headhunt.probes.capture import capture_stats_and_counts, greedy_decode
 
 from .conftest import LENGTH, MASKED_HEAD, Pair, padded_batch
 
@@ -143,14 +143,15 @@ def check_dense_rows(pair: Pair) -> dict:
 
 def check_prefill_stats(pair: Pair) -> None:
     """Kernel statistics on a padded prefill: lse (through exact probabilities of every pair),
-    column sums, entropy and argmax equal eager attention's, on real queries."""
+    column sums and means, entropy and argmax equal eager attention's, on real queries, and
+    the count of queries that see each key is the eager pattern's."""
     from headhunt.kernels import attention_probs_at
 
     hm = pair.hooked
     ids, mask = padded_batch(hm.model.config.vocab_size, seed=1)
     rec = _Calls()
     with hm.hooks(rec):
-        stats = capture_attention_stats(hm, ids, attention_mask=mask, entropy=True)
+        stats, counts = capture_stats_and_counts(hm, ids, attention_mask=mask, entropy=True)
     ref = _eager(pair, ids, mask).attentions
     real_q = mask.bool()[:, None, :]  # [b, 1, n]
     n = ids.shape[1]
@@ -164,6 +165,10 @@ def check_prefill_stats(pair: Pair) -> None:
             att = att * call.probs().sum(-1, keepdim=True)
         a = att
         torch.testing.assert_close(s.col_sum, a.sum(2), atol=1e-4, rtol=1e-4)
+        seen_by = (a > 0).sum(2)  # [b, h, keys]: real queries that see each key
+        assert torch.equal(counts[layer][:, None].expand_as(seen_by), seen_by), f"layer {layer}"
+        mean = s.col_sum / counts[layer][:, None].clamp_min(1)
+        torch.testing.assert_close(s.col_mean, mean, atol=1e-5, rtol=1e-4)
         sink = (1 - att.sum(-1)).clamp_min(0)  # the learned sink's share (0 without sinks)
         ent = -(att * att.clamp_min(1e-30).log()).sum(-1) - sink * sink.clamp_min(1e-30).log()
         torch.testing.assert_close(
