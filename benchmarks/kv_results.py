@@ -20,7 +20,7 @@ from headhunt.heads.scores import HeadScores
 SCORES = Path(__file__).parent / "results" / "smollm2_h200" / "scores.parquet"
 
 
-def prune_part(model, scores: np.ndarray, out: Path) -> None:
+def prune_part(model, scores: np.ndarray, out: Path, unit: str) -> None:
     from headhunt.heads.prune_eval import PruneEvalConfig, prune_sweep, summarize
 
     cfg = PruneEvalConfig(
@@ -29,10 +29,11 @@ def prune_part(model, scores: np.ndarray, out: Path) -> None:
         lengths=[1000, 2000],
         depths=[0.0, 25.0, 50.0, 75.0, 100.0],
         batch_size=32,
+        unit=unit,
     )
     t0 = time.perf_counter()
     table = summarize(prune_sweep(model, scores, cfg, progress=False))
-    table.to_csv(out / "prune_eval.csv", index=False)
+    table.to_csv(out / f"prune_eval_{unit}.csv", index=False)
     print(f"prune sweep: {len(table)} rows in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
@@ -111,6 +112,7 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--parts", default="prune,kv,8b")
+    p.add_argument("--unit", default="head", help="structural pruning unit: head or kv")
     p.add_argument("--kv-lengths", default="2000,4000")
     p.add_argument("--length-8b", type=int, default=32768)
     args = p.parse_args()
@@ -126,7 +128,7 @@ def main() -> None:
         if "kv" in parts:
             kv_part(model, scores, out, [int(x) for x in args.kv_lengths.split(",")])
         if "prune" in parts:
-            prune_part(model, scores, out)
+            prune_part(model, scores, out, args.unit)
         del model
     if "8b" in parts:
         llama8b_part(out, args.length_8b)

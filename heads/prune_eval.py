@@ -48,6 +48,8 @@ class PruneEvalConfig:
         ppl_windows, ppl_length: perplexity windows from the bundled essays (or ``haystack``).
         speed_length: tokens of the timed prefill (batch of one; median of 3 after a warm-up).
         batch_size: needle trials decoded together.
+        unit: ``head`` (rank and drop query heads) or ``kv`` (rank KV groups by their best query
+            head and drop whole groups, so the k/v projections and the KV cache shrink too).
     """
 
     keep: list[float] = field(default_factory=lambda: [0.9, 0.75, 0.5])
@@ -63,6 +65,7 @@ class PruneEvalConfig:
     batch_size: int = 8
     seed: int = 0
     haystack: str | None = None
+    unit: str = "head"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +75,8 @@ class PruneEvalConfig:
             raise HeadhuntError("keep fractions must be in (0, 1]")
         if self.draws < 0 or self.ppl_windows < 1 or self.batch_size < 1:
             raise HeadhuntError("draws must be >= 0, ppl windows and batch size >= 1")
+        if self.unit not in ("head", "kv"):
+            raise HeadhuntError(f"unknown unit {self.unit!r} (head or kv)")
 
 
 @dataclass
@@ -124,14 +129,18 @@ def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[s
     }
 
 
-def pruning_orders(matrix: np.ndarray, config: PruneEvalConfig) -> dict[str, list[Head]]:
-    """``headhunt`` (highest score kept first), ``reverse`` and ``random0..``."""
+def pruning_orders(
+    matrix: np.ndarray, config: PruneEvalConfig, n_kv_heads: int | None = None
+) -> dict[str, list[Head]]:
+    """``headhunt`` (highest score kept first), ``reverse`` and ``random0..`` (by KV group
+    when ``n_kv_heads`` is given)."""
     out = {
-        "headhunt": ranked_heads(matrix, "top", config.seed),
-        "reverse": ranked_heads(matrix, "reverse", config.seed),
+        "headhunt": ranked_heads(matrix, "top", config.seed, n_kv_heads=n_kv_heads),
+        "reverse": ranked_heads(matrix, "reverse", config.seed, n_kv_heads=n_kv_heads),
     }
     for i in range(config.draws):
-        out[f"random{i}"] = ranked_heads(matrix, "random", config.seed + 7919 * (i + 1))
+        seed = config.seed + 7919 * (i + 1)
+        out[f"random{i}"] = ranked_heads(matrix, "random", seed, n_kv_heads=n_kv_heads)
     return out
 
 
@@ -154,14 +163,16 @@ def prune_sweep(
         )
     results = dict(done or {})
     m = materials(model, config)
-    orders = pruning_orders(matrix, config)
+    by_kv = config.unit == "kv"
+    orders = pruning_orders(matrix, config, model.n_kv_heads if by_kv else None)
+    group = model.group_size if by_kv else 1
     conds: list[tuple[str, float]] = [("none", 1.0)]
     conds += [(o, k) for k in config.keep for o in orders]
     for order, keep in tqdm(conds, desc="pruning conditions", disable=not progress):
         key = f"{order}@{keep:g}"
         if key in results:
             continue
-        drop = [] if order == "none" else heads_to_drop(orders[order], keep)
+        drop = [] if order == "none" else heads_to_drop(orders[order], keep, group)
         pruned = model
         if drop:
             pruned = copy.deepcopy(model)

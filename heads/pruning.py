@@ -37,6 +37,7 @@ from jaxtyping import Float
 from torch import nn
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.kvcache import kv_scores
 from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import attention_modules
 from headhunt.probes.hooked import HookedModel
@@ -49,13 +50,24 @@ SHARED = ("q_norm", "k_norm")
 
 
 def ranked_heads(
-    matrix: Float[np.ndarray, "layers heads"], order: str = "top", seed: int = 0
+    matrix: Float[np.ndarray, "layers heads"],
+    order: str = "top",
+    seed: int = 0,
+    *,
+    n_kv_heads: int | None = None,
 ) -> list[Head]:
     """All heads, in the order they are kept: ``top`` (highest score first), ``reverse``
     (lowest first) or ``random``. Ties (and NaN, ranked last) are broken by a seeded random
-    order, so many equal scores do not favour early layers."""
+    order, so many equal scores do not favour early layers.
+
+    With ``n_kv_heads``, whole KV groups are ranked (a group scores its best query head's
+    score) and each group's query heads follow one another, so cutting the list at a multiple
+    of the group size drops whole KV heads (see :func:`heads_to_drop`).
+    """
     layers, heads = matrix.shape
-    flat = np.where(np.isnan(matrix), -np.inf, matrix).ravel()
+    group = 1 if n_kv_heads is None else heads // n_kv_heads
+    units = matrix if group == 1 else kv_scores(matrix, n_kv_heads)
+    flat = np.where(np.isnan(units), -np.inf, units).ravel()
     tiebreak = np.random.default_rng(seed).permutation(flat.size)
     if order == "top":
         idx = np.lexsort((tiebreak, -flat))
@@ -65,14 +77,18 @@ def ranked_heads(
         idx = tiebreak
     else:
         raise HeadhuntError(f"unknown order {order!r} (top, reverse or random)")
-    return [(int(i) // heads, int(i) % heads) for i in idx]
+    per_layer = heads // group
+    return [
+        (int(i) // per_layer, (int(i) % per_layer) * group + g) for i in idx for g in range(group)
+    ]
 
 
-def heads_to_drop(ranking: Sequence[Head], keep: float) -> list[Head]:
-    """The heads past the first ``round(keep * n)`` of ``ranking``."""
+def heads_to_drop(ranking: Sequence[Head], keep: float, group: int = 1) -> list[Head]:
+    """The heads past the first ``keep`` share of ``ranking``, counted in units of ``group``
+    heads (a KV group's query heads, when the ranking is by KV group)."""
     if not 0 < keep <= 1:
         raise HeadhuntError(f"--keep {keep} must be in (0, 1]: the fraction of heads kept")
-    return sorted(ranking[round(keep * len(ranking)) :])
+    return sorted(ranking[round(keep * len(ranking) / group) * group :])
 
 
 @dataclass

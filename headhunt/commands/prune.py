@@ -36,6 +36,13 @@ def add_parser(sub) -> None:
     g.add_argument("--metric", default="retrieval_score", help="the metric of --scores")
     g.add_argument("--keep", type=float, default=None, help="share of query heads kept (top first)")
     g.add_argument("--drop-heads", default=None, help="heads to drop instead: L-H,L-H,...")
+    g.add_argument(
+        "--unit",
+        choices=["head", "kv"],
+        default="head",
+        help="head: rank and drop query heads (uneven GQA groups get zero pad heads); kv: rank KV "
+        "groups by their best query head and drop whole groups (k/v and the KV cache shrink)",
+    )
     g = p.add_argument_group("evaluation")
     g.add_argument(
         "--evaluate", action="store_true", help="measure against reverse and random pruning"
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         "metric": args.metric,
         "keep": args.keep,
         "drop_heads": args.drop_heads,
+        "unit": args.unit,
         "evaluate": args.evaluate,
         "sweep": args.sweep,
         "draws": args.draws,
@@ -108,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
         if not drop:
             raise HeadhuntError("--drop-heads names no head")
     else:
-        drop = heads_to_drop(ranked_heads(scores, "top", args.seed), args.keep)
+        by_kv = args.unit == "kv"
+        ranking = ranked_heads(
+            scores, "top", args.seed, n_kv_heads=model.n_kv_heads if by_kv else None
+        )
+        drop = heads_to_drop(ranking, args.keep, model.group_size if by_kv else 1)
     timings = {"load_model_s": time.perf_counter() - t0}
     evaluation = None
     if args.evaluate:
@@ -144,6 +156,7 @@ def _evaluate(model, scores, args, run_dir) -> list[dict]:
         ppl_windows=args.ppl_windows,
         batch_size=args.batch_size,
         seed=args.seed,
+        unit=args.unit,
     )
     done = {r["condition"]: r["result"] for r in run_dir.records()}
     table = prune_sweep(

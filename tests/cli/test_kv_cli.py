@@ -98,3 +98,14 @@ def test_bad_input_is_one_line(tiny_folder, scores_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("headhunt prune: error:") for e in err)
     assert not (tmp_path / "p").exists() and not (tmp_path / "p.partial").exists()
+
+
+def test_prune_by_kv_group(tiny_folder, scores_run, tmp_path):
+    out = tmp_path / "prune-kv"
+    argv = ["prune", "--model", str(tiny_folder), "--scores", str(scores_run), "--keep", "0.5"]
+    assert main([*argv, "--unit", "kv", "--out", str(out), "--device", "cpu"]) == 0
+    result = json.loads((out / "prune.json").read_text())
+    # Layer 1's two groups score highest: layer 0 loses both and keeps one zero head (one KV head)
+    assert sorted(map(tuple, result["dropped"])) == [(0, h) for h in range(4)]
+    assert result["layers"][0] == {"kv_heads": [0], "q_heads": [-1]}
+    assert result["pruned"]["kv_bytes_per_token"] == result["full"]["kv_bytes_per_token"] * 3 // 4

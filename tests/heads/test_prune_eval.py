@@ -33,3 +33,28 @@ def test_pruning_silenced_heads_keeps_everything():
     s = summarize(table)
     assert set(s["order"]) == {"none", "headhunt", "reverse", "random0", "random"}
     assert largest_budget_within(s, "headhunt") == 0.5
+
+
+def test_kv_unit_pruning_of_silenced_groups_keeps_everything_and_shrinks():
+    model = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2)
+    hd = model.head_dim
+    scores = np.ones((2, 4))
+    with torch.no_grad():
+        for layer, head in [(0, 2), (0, 3), (1, 0), (1, 1)]:  # one whole KV group per layer
+            model.modules[layer].o_proj.weight[:, head * hd : (head + 1) * hd] = 0
+            scores[layer, head] = 0.0
+    cfg = PruneEvalConfig(
+        keep=[0.5], draws=1, lengths=[150], depths=[50.0], needles=["passkey"], max_new_tokens=4,
+        ppl_windows=2, ppl_length=64, speed_length=64, unit="kv",
+    )  # fmt: skip
+    table = prune_sweep(model, scores, cfg, progress=False).set_index("order")
+    assert table.loc["headhunt", "perplexity"] == pytest.approx(
+        table.loc["none", "perplexity"], rel=1e-5
+    )
+    assert table.loc["headhunt", "pad_heads"] == 0
+    assert (
+        table.loc["headhunt", "kv_bytes_per_token"] == table.loc["none", "kv_bytes_per_token"] / 2
+    )
+    assert table.loc["reverse", "perplexity"] != pytest.approx(
+        table.loc["none", "perplexity"], rel=1e-3
+    )

@@ -119,3 +119,24 @@ def test_rankings_and_head_lists():
     assert heads_to_drop(ranked_heads(m), 0.5) == sorted(ranked_heads(m)[3:])
     with pytest.raises(HeadhuntError, match="keep"):
         heads_to_drop(ranked_heads(m), 0)
+
+
+def test_ranking_by_kv_group_drops_whole_groups():
+    import numpy as np
+
+    m = np.array([[0.0, 0.9, 0.1, 0.2], [0.3, 0.0, 0.0, 0.0]])  # 2 KV groups of 2 per layer
+    ranking = ranked_heads(m, n_kv_heads=2)
+    assert ranking == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+    assert heads_to_drop(ranking, 0.5, group=2) == [(0, 2), (0, 3), (1, 2), (1, 3)]
+    assert heads_to_drop(ranking, 0.6, group=2) == [(0, 2), (0, 3), (1, 2), (1, 3)]  # 2 groups of 4
+
+
+def test_dropping_whole_kv_groups_shrinks_without_pads():
+    model = _model()
+    full = model_size(model)
+    prune_model(
+        model, [(0, 3), (0, 4), (0, 5), (1, 0), (1, 1), (1, 2)]
+    )  # KV 1 of layer 0, KV 0 of 1
+    size = model_size(model)
+    assert size["pad_heads"] == 0
+    assert size["kv_bytes_per_token"] == full["kv_bytes_per_token"] // 2
