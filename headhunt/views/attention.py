@@ -19,8 +19,10 @@ class HeadAttention:
     Attributes:
         layer, head: the head (query head index).
         ids: the prompt's token ids; tokens: each decoded on its own.
-        probs: [n, n] attention probabilities, row = query, column = key (causal: zero above
-            the diagonal); every row sums to 1.
+        probs: [n, n] the model's attention probabilities, row = query, column = key, zero
+            where the model's mask hides a key (the future; outside a sliding window or a
+            chunk). A row sums to 1, or to less with learned attention sinks (gpt-oss), whose
+            slot takes the rest.
     """
 
     layer: int
@@ -34,19 +36,20 @@ class HeadAttention:
         return self.probs[query]
 
 
-def _qk_capture():
-    """A hook keeping one layer's post-rotary q, k and softmax scale (torch imported lazily,
-    so reading runs never pays for it)."""
+def _head_probs_capture(head: int):
+    """A hook keeping one query head's attention rows, as the layer's kernel computes them
+    (torch imported lazily, so reading runs never pays for it)."""
     from headhunt.probes.attention import AttentionHook
 
-    class QKScale(AttentionHook):
-        q = k = None
-        scaling = 1.0
+    class HeadProbs(AttentionHook):
+        probs = None
 
         def before(self, call) -> None:
-            self.q, self.k, self.scaling = call.query.detach(), call.key.detach(), call.scaling
+            # The call knows the model's scale, softcap, window, chunk, learned sinks and
+            # mask: its probabilities are the kernel's, on every attention variant.
+            self.probs = call.probs(heads=[head])[0, 0].detach()
 
-    return QKScale()
+    return HeadProbs()
 
 
 def head_attention(
@@ -61,9 +64,9 @@ def head_attention(
     """Attention probabilities of one head on ``prompt`` (a text, encoded with BOS unless
     ``bos=False``, or token ids taken as they are), at most ``max_tokens`` tokens.
 
-    The full [n, n] map of one head is cheap for a short prompt; it is computed from the
-    post-rotary q and k seen by the attention hook and the model's own softmax scale, which
-    is what SDPA computes for a causal, unpadded prompt.
+    The full [n, n] map of one head is cheap for a short prompt; it comes from the attention
+    call itself (:meth:`headhunt.probes.attention.AttentionCall.probs`), so sliding windows,
+    chunks, logit softcapping and learned sinks are applied as the model applies them.
     """
     import torch
 
@@ -78,16 +81,12 @@ def head_attention(
         raise HeadhuntError(
             f"the prompt has {len(ids)} tokens; keep it under {max_tokens} for this view"
         )
-    cap = _qk_capture()
+    cap = _head_probs_capture(head)
     with model.hooks(cap, layers=[layer]):
         model.forward(ids, use_cache=False, logits_to_keep=1)
-    q = cap.q[0, head].float()  # [n, d]
-    k = cap.k[0, model.kv_head(head)].float()
-    scores = (q @ k.T) * cap.scaling
-    n = scores.shape[0]
-    future = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
-    probs = scores.masked_fill(future, float("-inf")).softmax(-1).cpu().numpy()
-    tokens = [model.tokenizer.decode([int(i)]) for i in ids.tolist()]
+    probs = cap.probs.float().cpu().numpy()
+    tok = model.tokenizer
+    tokens = [tok.decode([int(i)]) if tok is not None else f"<{int(i)}>" for i in ids.tolist()]
     return HeadAttention(layer, head, ids.tolist(), tokens, probs)
 
 
