@@ -281,3 +281,31 @@ def test_docs_table_matches_the_suite():
         if line.startswith("| ") and len(cells) == 5 and cells[0] != "family":
             table[cells[0]] = cells[4]
     assert table == FAMILIES
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss", "llama4_text"])
+def test_decode_positions_stay_inside_the_window(family):
+    """Decoding past the window (or chunk): every argmax key a sliding (chunked) layer reports
+    is one its query can see, at absolute positions although its cache keeps only the window."""
+    from headhunt.probes.capture import greedy_decode
+
+    from .conftest import LENGTH, padded_batch
+
+    hm = build_pair(family).hooked
+    cfg = hm.model.config
+    ids, mask = padded_batch(cfg.vocab_size)
+    dec = greedy_decode(hm, ids, attention_mask=mask, max_new_tokens=12, capture_argmax=True)
+    types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * hm.n_layers
+    size = cfg.attention_chunk_size if family == "llama4_text" else cfg.sliding_window
+    for t in range(dec.tokens.shape[1]):
+        p = LENGTH - 1 + t
+        for layer, kind in enumerate(types):
+            pos = dec.argmax[t, layer]
+            if kind == "sliding_attention":
+                assert bool(((pos > p - size) & (pos <= p)).all()), (t, layer, pos)
+            elif kind == "chunked_attention":
+                # chunks are counted from each row's first real token (transformers' rule)
+                first = (1 - mask).sum(-1)[:, None]
+                assert bool(((pos - first) // size == (p - first) // size).all()), (t, layer)
+            else:
+                assert bool((pos <= p).all())

@@ -210,3 +210,21 @@ def test_padding_mask_is_refused_causal_mask_accepted():
     padded[..., 0] = False  # key 0 is padding
     with pytest.raises(HeadhuntError, match="padding"):
         hook.after(AttentionCall(0, q, k, v, padded, 8**-0.5), torch.zeros(1, 5, 4, 8))
+
+
+def test_sliding_window_and_sinks_are_refused():
+    from headhunt.heads.act import ActHook
+    from headhunt.probes.attention import AttentionCall
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 6, 8, generator=g) for h in (4, 2, 2))
+    window = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6, dtype=torch.bool).tril(
+        -3
+    )
+    hook = ActHook([(0, 1)])
+    call = AttentionCall(0, q, k, v, window[None, None], 8**-0.5, kwargs={"sliding_window": 3})
+    with pytest.raises(HeadhuntError, match="sliding window"):
+        hook.after(call, torch.zeros(1, 6, 4, 8))
+    call = AttentionCall(0, q, k, v, None, 8**-0.5, kwargs={"s_aux": torch.zeros(4)})
+    with pytest.raises(HeadhuntError, match="sinks"):
+        hook.after(call, torch.zeros(1, 6, 4, 8))
