@@ -9,8 +9,9 @@ One call of :func:`run_trials` does, for ``N`` prompt pairs:
 3. ``trials`` times, with seed ``seed + t``: draw a subset of the pairs (``subsample``), train a
    fresh SAE on ``sae_examples`` prompts drawn from that subset's positives and negatives
    (default: all of them; the paper trains on ~10), take every head's code on the subset, and
-   score heads by node and edge scores (``node_rule`` names the node score a run ranks by); EAP's score for the trial is its mean over the same subset. Each method's
-   ROC AUC against the binarised ground truth is recorded per trial.
+   score heads by node and edge scores (``node_rule`` names the node score a run ranks by);
+   EAP's score for the trial is its mean over the same subset. Each method's ROC AUC against
+   the binarised ground truth is recorded per trial.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
 
 HEAD_NORMS = ("none", "center", "standardize")
 RULES = ("pos_only", "changed")  # node rules beyond the paper's two
-# node_rule name -> the Trial attribute and the AUC key of that score
+# node_rule (also the Trial attribute holding that score) -> its AUC / scores.parquet key
 NODE_RULES = {
     "changed": "sae_changed",
     "node": "sae_node",

@@ -45,13 +45,8 @@ METHOD_NAMES = {
 }
 
 
-SCORES = {  # scores.parquet metric -> Trial attribute
-    "sae_node": "node",
-    "sae_node_norm": "node_norm",
-    "sae_pos_only": "pos_only",
-    "sae_changed": "changed",
-    "sae_edge": "edge",
-}
+# scores.parquet metric -> the Trial attribute holding it
+SCORES = {key: rule for rule, key in NODE_RULES.items()} | {"sae_edge": "edge"}
 
 
 def verdict(
