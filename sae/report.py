@@ -416,7 +416,12 @@ def print_summary(path: Path, print_table: Callable, top: int = 15) -> None:
     df = done.scores().df.pivot_table(index=["layer", "head"], columns="metric", values="value")
     rule_key = auc.get("node_rule", "sae_node")
     df = df.sort_values([rule_key, "sae_node"], ascending=False).head(top).reset_index()
-    print_table(df, title=f"heads by SAE node score ({METHOD_NAMES[rule_key]})")
+    # The run's rule, the paper's, and what they are checked against (all in scores.parquet).
+    cols = dict.fromkeys(["layer", "head", rule_key, "sae_node", "eap", "patching", "truth"])
+    print_table(
+        df[[c for c in cols if c in df.columns]],
+        title=f"heads by SAE node score ({METHOD_NAMES[rule_key]})",
+    )
     t = m["timings"]
     line = ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
     print(f"timings: {line}")
