@@ -361,7 +361,9 @@ def circuits_page(ctx: Context) -> None:
         st.caption(hi.AUC_NOTE)
     for note in cv.notes:
         st.caption(note)
-    metrics = [c for c in ("sae_node", "sae_edge", "patching", "eap") if c in cv.table.columns]
+    rule = (cv.auc or {}).get("node_rule", "sae_node")  # the node score that ranks the circuit
+    maps = dict.fromkeys((rule, "sae_edge", "patching", "eap"))
+    metrics = [c for c in maps if c in cv.table.columns]
     if metrics:
         cols = st.columns(min(2, len(metrics)))
         scores = data.scores(entry.path)

@@ -41,6 +41,8 @@ class CircuitView:
 ROC_METHODS = {
     "SAE node |P\\N|": ("sae_node", False),
     "SAE node, normalised": ("sae_node_norm", False),
+    "SAE node, positive-only share": ("sae_pos_only", False),
+    "SAE node, changed share": ("sae_changed", False),
     "SAE edge": ("sae_edge", False),
     "EAP |score|": ("eap", True),
 }

@@ -23,7 +23,7 @@ DEFAULT_METRIC = {
     "calibrate": "movable_sink_mass",
     "ngram": "induction",
     "mqar": "query_to_value",
-    "circuits": "sae_node",
+    "circuits": "sae_changed",  # the default node rule; older runs open on their first view
 }
 
 
