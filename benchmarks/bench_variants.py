@@ -146,6 +146,71 @@ def bench(layout: str, n: int, rep_ms: int, flex: bool) -> list[dict]:
     return rows
 
 
+# (layout, queries, keys) of the decode-shaped cases.
+DECODE_CASES = [
+    ("32q8kv-d128", 1, 32768),
+    ("32q8kv-d128", 1, 65536),
+    ("32q8kv-d128", 1, 131072),
+    ("32q8kv-d128", 4, 131072),
+    ("64q8kv-d64", 1, 131072),
+]
+
+
+def bench_decode_case(layout: str, nq: int, nk: int, rep_ms: int) -> dict:
+    """Few queries over a long cache: row statistics by the split-K decode kernels, by
+    the row kernel (the path before them), and SDPA decode (flash, same q, k and a v)."""
+    import torch.nn.functional as F
+
+    from headhunt.kernels.triton_stats import attention_stats_triton
+
+    hq, hkv, d, _ = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(nk + nq)
+    q = torch.randn(1, hq, nq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, hkv, nk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, hkv, nk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    row = {"layout": layout, "nq": nq, "nk": nk, "hq": hq, "hkv": hkv, "d": d}
+    fns = {
+        "decode": lambda: attention_stats_triton(q, k, key_stats=False, decode=True),
+        "decode_entropy": lambda: attention_stats_triton(
+            q, k, key_stats=False, entropy=True, decode=True
+        ),
+        "row_kernel": lambda: attention_stats_triton(q, k, key_stats=False, decode=False),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    }
+    for name, fn in fns.items():
+        row[f"{name}_ms"] = _time(fn, rep_ms)
+    # K read once (bf16) at the card's copy bandwidth is the floor for the statistics.
+    row["k_bytes"] = k.numel() * k.element_size()
+    row["decode_over_sdpa"] = row["decode_ms"] / row["sdpa_ms"]
+    row["row_kernel_over_sdpa"] = row["row_kernel_ms"] / row["sdpa_ms"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), 1 GiB."""
+    x = torch.empty(2**29, dtype=torch.float16, device="cuda")
+    y = torch.empty_like(x)
+    ms = _time(lambda: y.copy_(x), 100)
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
+
+
+def decode_markdown(rows: list[dict], bw: float) -> str:
+    lines = [
+        "| layout | queries | keys | split-K ms | + entropy ms | row kernel ms | SDPA ms "
+        "| split-K / SDPA | row kernel / SDPA | K-read floor ms |",
+        "|" + " --- |" * 10,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['layout']} | {r['nq']} | {r['nk'] // 1024}k | {r['decode_ms']:.3f} "
+            f"| {r['decode_entropy_ms']:.3f} | {r['row_kernel_ms']:.3f} | {r['sdpa_ms']:.3f} "
+            f"| {r['decode_over_sdpa']:.2f} | {r['row_kernel_over_sdpa']:.2f} "
+            f"| {r['k_bytes'] / bw * 1e3:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def _fmt(x, spec: str = ".2f") -> str:
     return format(x, spec) if isinstance(x, float) else "-"
 
@@ -173,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="32q8kv-d128:16384,32q8kv-d128:65536,64q8kv-d64:16384")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time")
     p.add_argument("--no-flex", action="store_true", help="skip flex attention")
+    p.add_argument("--decode", action="store_true", help="also time decode-shaped cases")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_variants needs a CUDA device", file=sys.stderr)
@@ -187,11 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         "softcap": SOFTCAP,
         "rows": [],
     }
-    for case in args.cases.split(","):
+    if args.decode:
+        result["copy_bytes_per_s"] = _copy_bandwidth()
+        result["decode_rows"] = [bench_decode_case(*c, args.rep_ms) for c in DECODE_CASES]
+        args.out.write_text(json.dumps(result, indent=1))
+    for case in filter(None, args.cases.split(",")):
         layout, n = case.split(":")
         result["rows"] += bench(layout, int(n), args.rep_ms, not args.no_flex)
         args.out.write_text(json.dumps(result, indent=1))
     print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}\n")
+    if args.decode:
+        print(decode_markdown(result["decode_rows"], result["copy_bytes_per_s"]))
     print(markdown(result["rows"]))
     return 0
 

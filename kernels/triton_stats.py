@@ -22,6 +22,7 @@ Set ``TRITON_INTERPRET=1`` before importing Triton to run the kernels on CPU ten
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -507,6 +508,23 @@ def _row_stats_kernel(
             True, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
         )  # fmt: skip
 
+    sink2 = 0.0
+    if SINKS:
+        sink2 = tl.load(SINK + h) * LOG2E
+    out = pid_bh * nq + offs_m
+    _store_rows(
+        LSE, MAX, ARG, ENT, out, offs_m < nq, m_i, l_i, a_i, t_i, qk_scale, sink2, SINKS,
+        ENTROPY,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_rows(
+    LSE, MAX, ARG, ENT, out, row_ok, m_i, l_i, a_i, t_i, qk_scale, sink2,
+    SINKS: tl.constexpr, ENTROPY: tl.constexpr,
+):  # fmt: skip
+    """Turn a row state (raw max ``m``, ``l``, argmax, ``t``; see _row_update) into the
+    stored statistics, adding the sink logit ``sink2`` (log2 units) when ``SINKS``."""
     # A row that saw no key keeps l = 0: lse = -inf, max = -inf, argmax = -1, H = 0.
     seen = l_i > 0.0
     m2 = m_i * qk_scale  # row max in log2 units
@@ -515,7 +533,6 @@ def _row_stats_kernel(
         # One more logit per row (gpt-oss): rebase (m, l, t) to M = max(m, sink) and add
         # the sink's term 2**(sink - M). A row without keys gets lse = sink and H = 0;
         # its (m, l, t) are left out explicitly rather than trusted to vanish.
-        sink2 = tl.load(SINK + h) * LOG2E
         top = tl.where(seen, tl.maximum(m2, sink2), sink2)
         alpha = tl.where(seen, tl.math.exp2(m2 - top), 0.0)
         e_sink = tl.math.exp2(sink2 - top)
@@ -525,15 +542,139 @@ def _row_stats_kernel(
         lse = (top + tl.math.log2(l_i)) * 0.6931471805599453
     else:
         lse = tl.where(seen, (m2 + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    out = pid_bh * nq + offs_m
-    row_ok = offs_m < nq
     tl.store(LSE + out, lse, mask=row_ok)
     tl.store(MAX + out, mx, mask=row_ok)
-    tl.store(ARG + out, a_i.to(tl.int64), mask=row_ok)
+    tl.store(ARG + out, tl.where(seen, a_i, -1).to(tl.int64), mask=row_ok)
     if ENTROPY:
         # H = ln l - ln2 * t / l with t in log2 units (see _row_update).
         ent = tl.math.log(l_i) - 0.6931471805599453 * t_i / l_i
         tl.store(ENT + out, tl.where(seen, ent, 0.0), mask=row_ok)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, PM, PL, PA, PT, KLO, KHI,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    nq, nk, q_offset, hkv, group, qk_scale, sc_in, sc_out, window, chunk, split_len,
+    n_splits,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EXP: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """Split-K pass for few queries over many keys: one program per (key split, batch,
+    kv head) scores every query of the kv head's GQA group (``group * nq`` rows, one
+    tile) against its split of the keys, so each key is read once per kv head and the
+    whole cache is spread over the GPU. It writes the row state (raw max, l, argmax, t)
+    of its split; _decode_combine_kernel merges the splits. Visible keys are derived
+    here (causal, window, chunk, key_lo / key_hi), so no host-side bounds are needed.
+    """
+    pid_s = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    b = pid_bk // hkv
+    kvh = pid_bk % hkv
+    r = tl.arange(0, BLOCK_R)
+    row_ok = r < group * nq
+    h = kvh * group + r // nq
+    i = r % nq
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    q_ptr = (
+        Q + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh
+        + i.to(tl.int64)[:, None] * stride_qm + offs_d[None, :]
+    )  # fmt: skip
+    q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    # Visible keys [lo, hi] of each row, as in headhunt.kernels.masks.row_key_bounds.
+    pos = q_offset + i
+    lo = tl.zeros([BLOCK_R], dtype=tl.int32)
+    hi = tl.full([BLOCK_R], nk - 1, dtype=tl.int32)
+    if CAUSAL:
+        hi = tl.minimum(hi, pos)
+        if window > 0:
+            lo = tl.maximum(lo, pos - window + 1)
+        if chunk > 0:
+            # Rows with pos < 0 see nothing (causal), so C division of them is harmless.
+            lo = tl.maximum(lo, (pos // chunk) * chunk)
+    if HAS_LO:
+        lo = tl.maximum(lo, tl.load(KLO + b * nq + i, mask=row_ok, other=0).to(tl.int32))
+    if HAS_HI:
+        hi = tl.minimum(hi, tl.load(KHI + b * nq + i, mask=row_ok, other=0).to(tl.int32))
+    lo = tl.where(row_ok, lo, nk)
+    hi = tl.where(row_ok, hi, -1)
+
+    s0 = pid_s * split_len
+    s1 = tl.minimum(s0 + split_len, nk)
+    k0 = s0 + (tl.maximum(tl.min(lo, axis=0) - s0, 0) // BLOCK_N) * BLOCK_N
+    k1 = tl.minimum(s1, tl.max(hi, axis=0) + 1)
+    k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
+    m_i = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    t_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    a_i = tl.full([BLOCK_R], -1, dtype=tl.int32)
+    for n0 in range(k0, k1, BLOCK_N):
+        cols = n0 + offs_n
+        k = tl.load(
+            k_base + cols.to(tl.int64)[:, None] * stride_kn,
+            mask=(cols[:, None] < k1) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+        valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+        valid = valid & (cols[None, :] < k1)
+        m_i, l_i, a_i, t_i = _row_update(
+            s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, True, ENTROPY, 2, BLOCK_N, EXP, ASM
+        )
+    out = (pid_bk * n_splits + pid_s) * BLOCK_R + r
+    tl.store(PM + out, m_i)
+    tl.store(PL + out, l_i)
+    tl.store(PA + out, a_i)
+    if ENTROPY:
+        tl.store(PT + out, t_i)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    PM, PL, PA, PT, SINK, LSE, MAX, ARG, ENT,
+    nq, hkv, group, n_splits, qk_scale,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, SINKS: tl.constexpr, ENTROPY: tl.constexpr,
+):  # fmt: skip
+    """Merge the per-split row states of _decode_split_kernel (one program per batch
+    row and kv head): the max over splits, l and t rebased to it, and the argmax of the
+    first split that reaches it (splits are in key order, so ties keep the lowest key)."""
+    pid_bk = tl.program_id(0)
+    b = pid_bk // hkv
+    kvh = pid_bk % hkv
+    r = tl.arange(0, BLOCK_R)
+    sp = tl.arange(0, BLOCK_S)
+    idx = (pid_bk * n_splits + sp[:, None]) * BLOCK_R + r[None, :]
+    ok = sp[:, None] < n_splits
+    m = tl.load(PM + idx, mask=ok, other=-1.0e30)
+    l_s = tl.load(PL + idx, mask=ok, other=0.0)
+    m_top = tl.max(m, axis=0)
+    # (m - M) * qk_scale as a product of a difference: exact 0 for the top split.
+    w = tl.math.exp2((m - m_top[None, :]) * qk_scale)
+    l_i = tl.sum(l_s * w, axis=0)
+    a_s = tl.load(PA + idx, mask=ok, other=-1)
+    best = (m == m_top[None, :]) & (l_s > 0.0)
+    a_i = tl.min(tl.where(best, a_s, 2147483647), axis=0)
+    t_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    if ENTROPY:
+        t_s = tl.load(PT + idx, mask=ok, other=0.0)
+        t_i = tl.sum(w * (t_s + (m - m_top[None, :]) * qk_scale * l_s), axis=0)
+    row_ok = r < group * nq
+    h = kvh * group + r // nq
+    out = (b * (hkv * group) + h) * nq + r % nq
+    sink2 = 0.0
+    if SINKS:
+        sink2 = tl.load(SINK + h, mask=row_ok, other=0.0) * LOG2E
+    _store_rows(
+        LSE, MAX, ARG, ENT, out, row_ok, m_top, l_i, a_i, t_i, qk_scale, sink2, SINKS, ENTROPY
+    )
 
 
 @triton.jit
@@ -790,6 +931,10 @@ class _Launch:
     softcap_in: float = 0.0  # scale / softcap (0: no softcap)
     softcap_out: float = 0.0  # softcap / scale
     sinks: Tensor | None = None  # float32 [hq]
+    window: int | None = None  # the mask options, kept for the decode path, which
+    chunk: int | None = None  # derives the intervals itself (see _with_bounds)
+    key_lo: Tensor | None = None
+    key_hi: Tensor | None = None
 
 
 def _prepare(
@@ -846,13 +991,6 @@ def _prepare(
         and k.data_ptr() % 16 == 0
         and torch.cuda.get_device_capability(q.device)[0] >= 9
     )
-    lo = hi = None
-    if window is not None or chunk is not None or key_lo is not None or key_hi is not None:
-        lo, hi = row_key_bounds(
-            b, nq, nk, causal=causal, q_offset=int(q_offset), window=window, chunk=chunk,
-            key_lo=key_lo, key_hi=key_hi, device=q.device,
-        )  # fmt: skip
-        lo, hi = lo.to(torch.int32), hi.to(torch.int32)
     return _Launch(
         q=q,
         k=k,
@@ -869,12 +1007,78 @@ def _prepare(
         upcast=upcast,
         tma=tma,
         cfg=cfg,
-        lo=lo,
-        hi=hi,
+        window=window,
+        chunk=chunk,
+        key_lo=None if key_lo is None else key_lo.contiguous(),
+        key_hi=None if key_hi is None else key_hi.contiguous(),
         softcap_in=float(scale) / softcap if softcap is not None else 0.0,
         softcap_out=softcap / float(scale) if softcap is not None else 0.0,
         sinks=None if sinks is None else sinks.to(device=q.device, dtype=torch.float32),
     )
+
+
+def _with_bounds(L: _Launch) -> _Launch:
+    """``L`` with the per-row key intervals the row and column passes use, when a
+    window, chunk or key_lo / key_hi is set (computed once, on q's device)."""
+    if L.lo is not None or (L.window, L.chunk, L.key_lo, L.key_hi) == (None,) * 4:
+        return L
+    lo, hi = row_key_bounds(
+        L.b, L.nq, L.nk, causal=L.causal, q_offset=L.q_offset, window=L.window,
+        chunk=L.chunk, key_lo=L.key_lo, key_hi=L.key_hi, device=L.q.device,
+    )  # fmt: skip
+    return dataclasses.replace(L, lo=lo.to(torch.int32), hi=hi.to(torch.int32))
+
+
+# The decode path serves up to this many rows per kv head (GQA group x queries) ...
+DECODE_MAX_ROWS = 64
+# ... over at least this many keys (below, the row kernel's parallelism suffices).
+DECODE_MIN_KEYS = 2048
+
+
+def _sm_count(device: torch.device) -> int:
+    if _interpreting():
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch_decode(L: _Launch, lse: Tensor, mx: Tensor, arg: Tensor, ent: Tensor | None) -> None:
+    """Row statistics of few queries over many keys: split-K pass + combine."""
+    if L.nq == 0:
+        return
+    group = L.hq // L.hkv
+    rows = group * L.nq
+    block_r = max(16, triton.next_power_of_2(rows))
+    block_n = 16 if _interpreting() else 64
+    # About four programs per SM over all (batch, kv head) pairs, whole key tiles each.
+    splits = max(
+        1, min(triton.cdiv(L.nk, block_n), triton.cdiv(4 * _sm_count(L.q.device), L.b * L.hkv))
+    )
+    split_len = triton.cdiv(triton.cdiv(L.nk, splits), block_n) * block_n
+    splits = triton.cdiv(L.nk, split_len)
+    dev = L.q.device
+    n_part = L.b * L.hkv * splits * block_r
+    pm = torch.empty(n_part, dtype=torch.float32, device=dev)
+    pl = torch.empty_like(pm)
+    pt = torch.empty_like(pm) if ent is not None else pm
+    pa = torch.empty(n_part, dtype=torch.int32, device=dev)
+    _decode_split_kernel[(splits, L.b * L.hkv)](
+        L.q, L.k, pm, pl, pa, pt,
+        L.key_lo if L.key_lo is not None else pa, L.key_hi if L.key_hi is not None else pa,
+        L.q.stride(0), L.q.stride(1), L.q.stride(2), L.k.stride(0), L.k.stride(1), L.k.stride(2),
+        L.nq, L.nk, L.q_offset, L.hkv, group, L.qk_scale, L.softcap_in, L.softcap_out,
+        L.window or 0, L.chunk or 0, split_len, splits,
+        D=L.d, BLOCK_D=max(16, triton.next_power_of_2(L.d)), BLOCK_R=block_r, BLOCK_N=block_n,
+        CAUSAL=L.causal, HAS_LO=L.key_lo is not None, HAS_HI=L.key_hi is not None,
+        SOFTCAP=L.softcap_in > 0, ENTROPY=ent is not None, PRECISION=L.precision,
+        UPCAST=L.upcast, EXP=_exp_mode(L.cfg.row_exp, L.q.dtype), ASM=not _interpreting(),
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    _decode_combine_kernel[(L.b * L.hkv,)](
+        pm, pl, pa, pt, L.sinks if L.sinks is not None else pm, lse, mx, arg,
+        ent if ent is not None else lse, L.nq, L.hkv, group, splits, L.qk_scale,
+        BLOCK_R=block_r, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        SINKS=L.sinks is not None, ENTROPY=ent is not None, num_warps=4,
+    )  # fmt: skip
 
 
 def _operands(L: _Launch, q_rows: int, k_rows: int, use: bool):
@@ -1051,6 +1255,7 @@ def attention_stats_triton(
     key_lo: Tensor | None = None,
     key_hi: Tensor | None = None,
     config: KernelConfig | None = None,
+    decode: bool | None = None,
 ) -> AttentionStats:
     """Triton implementation of :func:`headhunt.kernels.attention_stats`.
 
@@ -1066,6 +1271,11 @@ def attention_stats_triton(
         window, chunk, softcap, sinks, key_lo, key_hi: As in
             :func:`headhunt.kernels.attention_stats` (validated there).
         config: Tile sizes / warps / stages; defaults to :func:`default_config`.
+        decode: Row statistics by the split-K decode kernels (one program per key split
+            and kv head, all of its query heads' rows in one tile, then a combine) rather
+            than the row kernel (one program per query tile and head, which leaves most
+            of the GPU idle for a handful of queries). None: when there are at most
+            ``DECODE_MAX_ROWS`` rows per kv head and ``DECODE_MIN_KEYS`` keys.
 
     Returns:
         The statistics (float32, int64 argmax) on ``q``'s device.
@@ -1080,10 +1290,17 @@ def attention_stats_triton(
     mx = _alloc(shape, torch.float32, dev)
     arg = _alloc(shape, torch.int64, dev)
     ent = _alloc(shape, torch.float32, dev) if entropy else None
-    _launch_row(L, lse, mx, arg, ent)
+    if decode is None:
+        decode = L.nq * (L.hq // L.hkv) <= DECODE_MAX_ROWS and L.nk >= DECODE_MIN_KEYS
+    if decode:
+        _launch_decode(L, lse, mx, arg, ent)
+    else:
+        L = _with_bounds(L)
+        _launch_row(L, lse, mx, arg, ent)
 
     col_sum = col_mean = None
     if key_stats:
+        L = _with_bounds(L)
         col_sum = _alloc((L.b, L.hq, L.nk), torch.float32, dev)
         col_mean = _alloc((L.b, L.hq, L.nk), torch.float32, dev)
         _launch_col(L, lse, col_sum, col_mean)

@@ -136,6 +136,25 @@ def test_triton_variants_match_dense(case, oracle, poison):
     oracle.check(st, oracle.dense(q, k, **kw), tol=TOL[q.dtype])
 
 
+DECODE_CASES = [
+    c
+    for c in CASES
+    if c[0] in {"window-decode", "decode-all", "decode-few", "intervals", "chunk-offset"}
+]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
+def test_triton_decode_split_matches_dense(case, oracle, poison, monkeypatch):
+    # The split-K decode kernels (forced here; chosen by default for few queries over
+    # many keys), with splits that cut through key tiles and rows' intervals.
+    ts = _triton()
+    monkeypatch.setattr(ts, "_sm_count", lambda device: 3)
+    q, k, kw = make_case(case, DEVICE)
+    st = ts.attention_stats_triton(q, k, entropy=True, decode=True, **kw)
+    oracle.check(st, oracle.dense(q, k, **kw), tol=TOL[q.dtype])
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", ["all", "intervals", "chunk-sinks-pad"])
 def test_triton_variant_tiles_and_pipelines(name, oracle, poison):
@@ -343,3 +362,27 @@ def test_gpu_variants_default_tiles(d, oracle, poison):
     ]:
         st = attention_stats(q, k, entropy=True, **kw)
         oracle.check(st, oracle.dense(q, k, **kw), tol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_long_cache(oracle, poison):
+    # One and four queries over 40k keys (the default picks the split-K kernels), with
+    # ties across splits: key 5 is copied to 20000 and 39990, the argmax must say 5.
+    ts = _triton()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for nq in (1, 4):
+        q = torch.randn(1, 32, nq, 128, device="cuda", generator=gen).bfloat16()
+        k = torch.randn(1, 8, 40000, 128, device="cuda", generator=gen).bfloat16()
+        k[:, :, [20000, 39990]] = k[:, :, 5:6]
+        q[:, :, :] = k[:, :, 5:6].repeat_interleave(4, 1) * 2
+        sinks = torch.randn(32, device="cuda", generator=gen)
+        for kw in [{}, dict(window=4096, sinks=sinks), dict(softcap=30.0)]:
+            st = attention_stats(q, k, entropy=True, key_stats=False, **kw)
+            ref = oracle.dense(q, k, **kw)
+            oracle.check(st, ref, tol=1e-2, key_stats=False)
+            if "window" not in kw:
+                assert (st.argmax == 5).all()
+        row = ts.attention_stats_triton(q, k, key_stats=False, decode=False)
+        torch.testing.assert_close(
+            row.lse, attention_stats(q, k, key_stats=False).lse, rtol=1e-5, atol=1e-5
+        )
