@@ -42,7 +42,7 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 
-# parse_heads: re-exported for callers that still import it from here (commands, inspect).
+# parse_heads: re-exported for headhunt/methods/calibrate.py, which still imports it from here.
 from headhunt.heads.scores import Head, check_heads, parse_heads  # noqa: F401
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel

@@ -37,9 +37,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-
-# random_head_sets: re-exported for headhunt/commands/mqar.py until the engine moves it.
-from headhunt.heads.causal import MaskingCheck, random_head_sets  # noqa: F401
+from headhunt.heads.causal import MaskingCheck
 from headhunt.heads.masking import HeadMask
 from headhunt.heads.scores import Head, HeadScores
 from headhunt.probes.attention import AttentionCall, AttentionHook
