@@ -9,7 +9,8 @@ learned sink logits and per-row key intervals (padding), as transformers' eager
 attention defines them.
 
 Backends: a blocked PyTorch implementation (any device; the CPU path and test oracle)
-and Triton kernels for CUDA. Triton is imported lazily, so this package imports
+and Triton kernels for CUDA (a row pass and a column pass; for a few queries over a long
+cache, split-K decode kernels for the row statistics). Triton is imported lazily, so this package imports
 without Triton or CUDA.
 """
 

@@ -49,7 +49,6 @@ def _check_qk(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int, int]:
 
 def _check_mask_options(
     q: Tensor,
-    *,
     b: int,
     hq: int,
     nq: int,
@@ -208,17 +207,7 @@ def attention_stats(
     if q_offset is None:
         q_offset = nk - nq
     options = _check_mask_options(
-        q,
-        b=b,
-        hq=hq,
-        nq=nq,
-        causal=causal,
-        window=window,
-        chunk=chunk,
-        softcap=softcap,
-        sinks=sinks,
-        key_lo=key_lo,
-        key_hi=key_hi,
+        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
     )
     kwargs = dict(
         causal=causal,
@@ -294,17 +283,7 @@ def attention_probs_at(
     if q_offset is None:
         q_offset = nk - nq
     options = _check_mask_options(
-        q,
-        b=b,
-        hq=hq,
-        nq=nq,
-        causal=causal,
-        window=window,
-        chunk=chunk,
-        softcap=softcap,
-        sinks=sinks,
-        key_lo=key_lo,
-        key_hi=key_hi,
+        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
     )
     options.pop("sinks")
     return attention_probs_at_torch(
