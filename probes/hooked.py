@@ -96,8 +96,9 @@ class HookedModel:
         self.modules = attention.attention_modules(self.model)
         if not self.modules:
             raise HeadhuntError(
-                f"{type(self.model).__name__}: no attention module with a layer index (an older "
-                "modeling file, outside transformers' AttentionInterface); headhunt cannot hook it"
+                f"{type(self.model).__name__}: no attention module with a layer index (recurrent "
+                "layers only, or an older modeling file outside transformers' "
+                "AttentionInterface); headhunt cannot hook it"
             )
         if len(self.modules) != self.n_layers:
             why = (
