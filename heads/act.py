@@ -154,7 +154,7 @@ class ActHook(AttentionHook):
             by_layer[int(layer)].add(int(head))
         self.by_layer = {k: sorted(v) for k, v in by_layer.items()}
         self.state: dict[int, Tensor] = {}  # layer -> [b, heads, keys seen] column sums
-        self.sink_mass: dict[int, Tensor] = {}  # layer -> [b, heads, n_q] mass on sinks (last call)
+        self.sink_mass: dict[int, Tensor] = {}  # layer -> [b, hq, nq] mass on sinks (last call)
 
     def reset(self) -> None:
         self.state.clear()
@@ -182,7 +182,7 @@ class ActHook(AttentionHook):
     @torch.no_grad()
     def _calibrated(
         self, call: AttentionCall, heads: list[int]
-    ) -> tuple[Float[Tensor, "b h n_q d"], Float[Tensor, "b h n_q"], Float[Tensor, "b h n_k"]]:
+    ) -> tuple[Float[Tensor, "b hq nq d"], Float[Tensor, "b hq nq"], Float[Tensor, "b hq nk"]]:
         cfg = self.config
         q, k, v = call.query, call.key, call.value
         b, hq, nq, _ = q.shape

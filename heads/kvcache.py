@@ -71,7 +71,7 @@ class KVPlan:
 
 def kv_scores(
     matrix: Float[np.ndarray, "layers heads"], n_kv_heads: int
-) -> Float[np.ndarray, "layers kv_heads"]:
+) -> Float[np.ndarray, "layers hkv"]:
     """Per-KV-head score: the max over the query heads of its group (NaN counts as -inf)."""
     layers, heads = matrix.shape
     if heads % n_kv_heads:
@@ -80,7 +80,7 @@ def kv_scores(
     return m.reshape(layers, n_kv_heads, heads // n_kv_heads).max(-1)
 
 
-def rank_kv_heads(scores: Float[np.ndarray, "layers kv_heads"], seed: int = 0) -> np.ndarray:
+def rank_kv_heads(scores: Float[np.ndarray, "layers hkv"], seed: int = 0) -> np.ndarray:
     """Flat indices of KV heads, best first; ties broken by a seeded random order (so many
     equal scores, e.g. zeros, do not favour early layers)."""
     rng = np.random.default_rng(seed)
@@ -186,17 +186,17 @@ class SplitCache(Cache):
 
 
 def streaming_attention(
-    q: Float[Tensor, "batch q_heads n_q d"],
-    k: Float[Tensor, "batch kv_heads n_k d"],
-    v: Float[Tensor, "batch kv_heads n_k d"],
-    q_pos: Int[Tensor, " n_q"],
-    k_pos: Int[Tensor, " n_k"],
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    v: Float[Tensor, "b hkv nk d"],
+    q_pos: Int[Tensor, " nq"],
+    k_pos: Int[Tensor, " nk"],
     *,
     sink: int,
     recent: int,
     scale: float,
     chunk: int = 1024,
-) -> Float[Tensor, "batch q_heads n_q d"]:
+) -> Float[Tensor, "b hq nq d"]:
     """Attention where query position p sees key positions j <= p with j < sink or
     j > p - recent (``k_pos`` ascending). Queries go in chunks, each against only the keys it
     can see (sinks plus a window), so memory stays linear in the context."""
@@ -343,12 +343,12 @@ def _check_unpadded(call: AttentionCall) -> None:
 @torch.inference_mode()
 def generate_with_plan(
     model: HookedModel,
-    prompts: Int[Tensor, "batch n"],
+    prompts: Int[Tensor, "b n"],
     plan: KVPlan | None,
     *,
     max_new_tokens: int,
     stop_ids: Collection[int] = (),
-) -> tuple[Int[Tensor, "batch steps"], Int[Tensor, " batch"], int]:
+) -> tuple[Int[Tensor, "b steps"], Int[Tensor, " b"], int]:
     """Greedy decoding with streaming heads (``plan``; None: the model as it is, with a
     transformers DynamicCache).
 
@@ -394,7 +394,7 @@ def cache_nbytes(cache) -> int:
 
 def stream_mask(
     n: int, sink: int, recent: int, *, offset: int = 0, n_k: int | None = None
-) -> Bool[Tensor, "n_q n_k"]:
+) -> Bool[Tensor, "nq nk"]:
     """Dense boolean mask of the streaming rule (for references and tests): query i at position
     ``offset + i`` and key j at position j."""
     n_k = offset + n if n_k is None else n_k

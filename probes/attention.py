@@ -59,11 +59,11 @@ class AttentionCall:
 
     Attributes:
         layer: 0-based layer index.
-        query: [batch, q_heads, n_q, head_dim], after rotary embedding.
-        key: [batch, kv_heads, n_k, head_dim], after rotary, the cache included.
-        value: [batch, kv_heads, n_k, head_dim].
+        query: [b, hq, nq, d], after rotary embedding.
+        key: [b, hkv, nk, d], after rotary, the cache included.
+        value: [b, hkv, nk, d].
         attention_mask: the model's mask as given to its kernel (None when causal is implicit):
-            boolean (True = visible) or additive, [batch or 1, 1, n_q, >= n_k].
+            boolean (True = visible) or additive, [b or 1, 1, nq, >= nk].
         scaling: the softmax scale.
         module: the attention module (None for a call built by hand).
         kwargs: the other keyword arguments the model gave its kernel.
@@ -72,9 +72,9 @@ class AttentionCall:
     """
 
     layer: int
-    query: Float[Tensor, "batch q_heads n_q d"]
-    key: Float[Tensor, "batch kv_heads n_k d"]
-    value: Float[Tensor, "batch kv_heads n_k d"]
+    query: Float[Tensor, "b hq nq d"]
+    key: Float[Tensor, "b hkv nk d"]
+    value: Float[Tensor, "b hkv nk d"]
     attention_mask: Tensor | None
     scaling: float
     module: Any = None
@@ -97,7 +97,7 @@ class AttentionCall:
         return start - self.q_offset
 
     @property
-    def key_positions(self) -> Int[Tensor, " n_k"]:
+    def key_positions(self) -> Int[Tensor, " nk"]:
         """Absolute position of every key."""
         return torch.arange(self.key.shape[2], device=self.key.device) + self.key_start
 
@@ -130,12 +130,12 @@ class AttentionCall:
         return float(cap) if cap else None
 
     @property
-    def sinks(self) -> Float[Tensor, " q_heads"] | None:
+    def sinks(self) -> Float[Tensor, " hq"] | None:
         """Learned sink logit per query head: one extra logit in every row's softmax."""
         s = self.kwargs.get("s_aux")
         return None if s is None else s.detach()
 
-    def visible_keys(self) -> tuple[Int[Tensor, "batch n_q"], Int[Tensor, "batch n_q"]] | None:
+    def visible_keys(self) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
         """First and last visible key index of every row from the mask (None: no mask, so
         causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
         (a left pad) gets ``(n_k, -1)``. Cached per call."""
@@ -184,7 +184,7 @@ class AttentionCall:
         lo = torch.zeros_like(pos) if window is None else (pos - window + 1).clamp_min(0)
         return lo[None], pos[None]
 
-    def key_counts(self) -> Int[Tensor, "batch n_k"]:
+    def key_counts(self) -> Int[Tensor, "b nk"]:
         """How many of this call's queries see each key (the ``col_mean`` normaliser): with a
         sliding window a key is seen by at most ``window`` queries, a pad key by none."""
         b, nq, nk = self.query.shape[0], self.query.shape[2], self.key.shape[2]
@@ -202,7 +202,7 @@ class AttentionCall:
 
     def scores(
         self, rows: slice | None = None, heads: Sequence[int] | None = None
-    ) -> Float[Tensor, "batch heads rows n_k"]:
+    ) -> Float[Tensor, "b hq rows nk"]:
         """Attention logits as the model's kernel computes them (scaled, softcapped), float32,
         with keys a row cannot see at -inf. Dense: for decode steps, short prompts and tests.
 
@@ -229,7 +229,7 @@ class AttentionCall:
 
     def probs(
         self, rows: slice | None = None, heads: Sequence[int] | None = None
-    ) -> Float[Tensor, "batch heads rows n_k"]:
+    ) -> Float[Tensor, "b hq rows nk"]:
         """The model's attention probabilities (float32). With learned sinks a row sums to
         less than 1 (the sink slot takes the rest); a row that sees no key is all zeros."""
         s = self.scores(rows, heads)
@@ -244,7 +244,7 @@ class AttentionCall:
         p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
         return p[..., : self.key.shape[2]] if sinks is not None else p
 
-    def visible(self, rows: slice | None = None) -> Bool[Tensor, "batch rows n_k"]:
+    def visible(self, rows: slice | None = None) -> Bool[Tensor, "b rows nk"]:
         """Which keys each row sees (batch 1 when the same for every row of the batch)."""
         nq, nk = self.query.shape[2], self.key.shape[2]
         rows = rows or slice(0, nq)
@@ -270,7 +270,7 @@ def _layer_type(module: Any) -> str | None:
 
 def _mask_intervals(
     mask: Tensor | None, nq: int, nk: int, layer: int
-) -> tuple[Int[Tensor, "batch n_q"], Int[Tensor, "batch n_q"]] | None:
+) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
     """Per (batch, query) first and last visible key of a boolean or additive 4-D mask.
 
     Refuses (one line) an additive mask that is a bias rather than a mask (ALiBi, relative
@@ -323,8 +323,8 @@ class AttentionHook:
     def before(self, call: AttentionCall) -> None:
         """See the call; may replace ``call.query``/``call.key``/``call.value`` to intervene."""
 
-    def after(self, call: AttentionCall, output: Float[Tensor, "batch n_q q_heads d"]) -> Tensor:
-        """See or replace the attention output ([batch, n_q, q_heads, head_dim])."""
+    def after(self, call: AttentionCall, output: Float[Tensor, "b nq hq d"]) -> Tensor:
+        """See or replace the attention output ([b, nq, hq, d])."""
         return output
 
 

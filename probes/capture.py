@@ -22,7 +22,7 @@ from headhunt.probes.hooked import HookedModel
 
 
 class QKCapture(AttentionHook):
-    """Keeps each layer's (q, k) of the last call: q [b, q_heads, n, d], k [b, kv_heads, n, d]."""
+    """Keeps each layer's (q, k) of the last call: q [b, hq, n, d], k [b, hkv, n, d]."""
 
     def __init__(self, dtype: torch.dtype | None = None):
         self.qk: dict[int, tuple[Tensor, Tensor]] = {}
@@ -37,8 +37,8 @@ class QKCapture(AttentionHook):
 
 @torch.inference_mode()
 def capture_qk(
-    model: HookedModel, input_ids: Int[Tensor, "batch n"], layers: Collection[int] | None = None
-) -> dict[int, tuple[Float[Tensor, "batch q_heads n d"], Float[Tensor, "batch kv_heads n d"]]]:
+    model: HookedModel, input_ids: Int[Tensor, "b n"], layers: Collection[int] | None = None
+) -> dict[int, tuple[Float[Tensor, "b hq n d"], Float[Tensor, "b hkv n d"]]]:
     """Post-rotary queries and keys of ``layers`` (default all) from one forward pass."""
     cap = QKCapture()
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
@@ -54,7 +54,7 @@ class StatsCapture(AttentionHook):
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.stats: dict[int, object] = {}
-        self.key_counts: dict[int, Tensor] = {}  # layer -> [b, n_k] queries that see each key
+        self.key_counts: dict[int, Tensor] = {}  # layer -> [b, nk] queries that see each key
 
     def before(self, call: AttentionCall) -> None:
         from headhunt.kernels import attention_stats
@@ -68,10 +68,10 @@ class StatsCapture(AttentionHook):
 @torch.inference_mode()
 def capture_attention_stats(
     model: HookedModel,
-    input_ids: Int[Tensor, "batch n"],
+    input_ids: Int[Tensor, "b n"],
     layers: Collection[int] | None = None,
     *,
-    attention_mask: Int[Tensor, "batch n"] | None = None,
+    attention_mask: Int[Tensor, "b n"] | None = None,
     **kwargs,
 ) -> dict[int, object]:
     """Per-layer :class:`headhunt.kernels.AttentionStats` for every head, in one forward pass.
@@ -89,12 +89,12 @@ def capture_attention_stats(
 @torch.inference_mode()
 def capture_stats_and_counts(
     model: HookedModel,
-    input_ids: Int[Tensor, "batch n"],
+    input_ids: Int[Tensor, "b n"],
     layers: Collection[int] | None = None,
     *,
-    attention_mask: Int[Tensor, "batch n"] | None = None,
+    attention_mask: Int[Tensor, "b n"] | None = None,
     **kwargs,
-) -> tuple[dict[int, object], dict[int, Int[Tensor, "batch n"]]]:
+) -> tuple[dict[int, object], dict[int, Int[Tensor, "b n"]]]:
     """:func:`capture_attention_stats` and, per layer, how many queries see each key (fewer
     than ``n - j`` on a sliding-window or padded layer)."""
     cap = StatsCapture(**kwargs)
@@ -121,7 +121,7 @@ class DecodeArgmax(AttentionHook):
     def before(self, call: AttentionCall) -> None:
         if call.query.shape[2] != 1:
             return
-        s = call.scores()[:, :, 0]  # [b, hq, n_k]
+        s = call.scores()[:, :, 0]  # [b, hq, nk]
         self.step[call.layer] = s.argmax(-1) + call.key_start
 
 
@@ -136,21 +136,21 @@ class Decoded:
             (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None.
     """
 
-    tokens: Int[Tensor, "batch steps"]
-    lengths: Int[Tensor, " batch"]
-    argmax: Int[Tensor, "steps layers batch heads"] | None
+    tokens: Int[Tensor, "b steps"]
+    lengths: Int[Tensor, " b"]
+    argmax: Int[Tensor, "steps layers b heads"] | None
 
 
 @torch.inference_mode()
 def greedy_decode(
     model: HookedModel,
-    prompts: Int[Tensor, "batch n"],
+    prompts: Int[Tensor, "b n"],
     *,
     max_new_tokens: int,
     stop_ids: Collection[int] = (),
     capture_argmax: bool = False,
     hooks: tuple[AttentionHook, ...] = (),
-    attention_mask: Int[Tensor, "batch n"] | None = None,
+    attention_mask: Int[Tensor, "b n"] | None = None,
 ) -> Decoded:
     """Greedy decoding of equal-length prompts with a KV cache.
 

@@ -50,8 +50,8 @@ def output_projection(model: HookedModel, layer: int) -> Float[Tensor, "d_model 
 
 
 def per_head(
-    z: Float[Tensor, "*batch heads d"], w_o: Float[Tensor, "d_model qd"]
-) -> Float[Tensor, "*batch heads d_model"]:
+    z: Float[Tensor, "*batch hq d"], w_o: Float[Tensor, "d_model qd"]
+) -> Float[Tensor, "*batch hq d_model"]:
     """Each head's write into the residual stream: z[..., h, :] @ W_O[:, h-slice].T."""
     heads, d = z.shape[-2], z.shape[-1]
     return torch.einsum("...hd,mhd->...hm", z, w_o.reshape(w_o.shape[0], heads, d))
@@ -89,7 +89,7 @@ def head_outputs(
     batch_size: int = 16,
     progress: bool = True,
     desc: str = "head outputs",
-) -> Float[Tensor, "examples heads d_model"]:
+) -> Float[Tensor, "examples hq d_model"]:
     """Every head's output vector for every sequence, heads flattened as layer * n_heads + head.
 
     Args:

@@ -46,8 +46,8 @@ def _index_sets(sets: list[list[int]], device) -> tuple[Tensor, Tensor]:
 
 
 def logit_diff(
-    last_logits: Float[Tensor, "batch vocab"], answer: list[list[int]], wrong: list[list[int]]
-) -> Float[Tensor, " batch"]:
+    last_logits: Float[Tensor, "b vocab"], answer: list[list[int]], wrong: list[list[int]]
+) -> Float[Tensor, " b"]:
     """logsumexp of the answer logits minus logsumexp of the wrong ones, per row."""
     out = []
     for sets in (answer, wrong):

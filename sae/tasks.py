@@ -95,7 +95,7 @@ class EncodedPairs:
 
 def length_batches(
     seqs: Sequence[Tensor], batch_size: int
-) -> Iterator[tuple[list[int], Int[Tensor, "batch n"]]]:
+) -> Iterator[tuple[list[int], Int[Tensor, "b n"]]]:
     """Group sequences of equal length into batches (no padding, so every position is real).
 
     Yields:
