@@ -8,15 +8,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MetricInfo:
-    """A metric's one-line definition, its unit, and why it can be empty (NaN) for a head."""
+    """A metric's one-line definition, its unit, why it can be empty (NaN) for a head, and why
+    every head can have the same value."""
 
     definition: str
     unit: str
     when_nan: str = ""
+    when_constant: str = ""  # why every head can have the same value
 
 
 SHARE = "share of attention, 0-1"
 COUNT = "count"
+PER_RUN = "it counts the run's inputs, the same for every head by definition"
+NO_TRIAL = (
+    "with no counted trial (counted_trials 0: the model never answered right) every head scores 0"
+)
 
 METRICS: dict[str, MetricInfo] = {
     # retrieval / ablate
@@ -25,19 +31,24 @@ METRICS: dict[str, MetricInfo] = {
         "the needle's answer token that is being copied (Wu et al.)",
         "share of steps, 0-1",
         "no trial was counted (the model never answered correctly)",
+        NO_TRIAL,
     ),
     "retrieval_score_std": MetricInfo(
-        "standard deviation of the retrieval score over counted trials", "share of steps, 0-1"
+        "standard deviation of the retrieval score over counted trials",
+        "share of steps, 0-1",
+        when_constant=NO_TRIAL,
     ),
     "needle_attention": MetricInfo(
         "mean over counted trials of the share of decoding steps whose attention argmax lies "
         "anywhere on the answer span (no copy condition)",
         "share of steps, 0-1",
+        when_constant=NO_TRIAL,
     ),
     "counted_trials": MetricInfo(
         "trials whose answer was right (ROUGE-1 recall > 0.5): the trials the scores average; "
         "the same for every head",
         COUNT,
+        when_constant=PER_RUN,
     ),
     # sinks / calibrate
     "first_sink_mass": MetricInfo(
@@ -108,10 +119,14 @@ METRICS: dict[str, MetricInfo] = {
         "(use longer or more texts, or a smaller --min-queries)",
     ),
     "kgram_queries": MetricInfo(
-        "queries of this input kind with a full k-gram match (the same for every head)", COUNT
+        "queries of this input kind with a full k-gram match (the same for every head)",
+        COUNT,
+        when_constant=PER_RUN,
     ),
     "kgram_both_queries": MetricInfo(
-        "queries with both a full and a (k-1)-only match (the same for every head)", COUNT
+        "queries with both a full and a (k-1)-only match (the same for every head)",
+        COUNT,
+        when_constant=PER_RUN,
     ),
     "ngram_order": MetricInfo(
         "the head's best order: the largest k whose contrast and mass pass the thresholds "

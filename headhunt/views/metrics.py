@@ -123,10 +123,11 @@ def view_state(scores: HeadScores, view: MetricView) -> ViewState:
         return ViewState("empty", f"No head has a value for {view.label}: {why}.")
     if np.all(finite == finite[0]):
         v = float(finite[0])
+        why = f": {info.when_constant}" if info is not None and info.when_constant else ""
         return ViewState(
             "constant",
-            f"Every head has the same {view.label}: {v:.6g}. It is a property of the run's "
-            "inputs, not of a head, so there is no map to draw and no head ranks above another.",
+            f"Every head has the same {view.label}, {v:.6g}, so no head ranks above another "
+            f"and there is no map to draw{why}.",
             v,
         )
     return ViewState("map")

@@ -96,7 +96,10 @@ def test_the_spread_is_over_what_the_score_averages(monkeypatch, runs_root):
     ("label", "says"),
     [
         ("kgram_only_mass [source=random, order=2]", "No head has a value"),
-        ("kgram_queries [source=random, order=1]", "Every head has the same"),
+        (
+            "kgram_queries [source=random, order=1]",
+            "counts the run's inputs, the same for every head",
+        ),
     ],
 )
 def test_empty_and_constant_views_are_explained_not_drawn(monkeypatch, runs_root, label, says):
