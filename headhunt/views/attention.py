@@ -137,7 +137,9 @@ def sink_marks(model, ids: Sequence[int], layer: int, head: int, config=None) ->
     if n < 2 * cfg.min_queries:
         cfg = SinkConfig(**{**cfg.to_dict(), "min_queries": max(1, n // 2)})
     found = analyze_text(model, torch.as_tensor(list(ids)), cfg)
-    mine = {int(p): float(s) for la, h, p, s in found.sinks if int(la) == layer and int(h) == head}
+    mine = {
+        int(p): float(s) for la, h, p, s, *_ in found.sinks if int(la) == layer and int(h) == head
+    }
     return SinkMarks(
         first_sink_mass=float(found.s0[layer][head]),
         positions=sorted(mine),
