@@ -43,7 +43,9 @@ def add_parser(sub) -> None:
     )
     g.add_argument("--trials", type=int, default=10, help="SAE runs, one seed each")
     g.add_argument(
-        "--sae-examples", type=int, help="prompts each SAE trains on (default: all of a trial's)"
+        "--sae-examples",
+        type=int,
+        help="prompts each SAE trains on (default: %(default)s, all of a trial's)",
     )
     g.add_argument(
         "--subsample",
