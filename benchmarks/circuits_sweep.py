@@ -2,22 +2,24 @@
 
 Two steps, so that the model-heavy part runs once and the sweep can run anywhere:
 
-``prepare`` (needs the model): for each finished ``headhunt circuits`` run given (one per task
-and pair split; their patching ground truth and EAP are reused, never recomputed), capture
-every head's pre-projection output ``z`` on the run's own prompt pairs, reduced over positions
-both ways ("mean" and "last"), and write one ``.npz`` per run plus the model's W_O:
+``prepare`` (needs the model): for each item, capture every head's pre-projection output
+``z`` on its prompt pairs, reduced over positions both ways ("mean" and "last"), and write one
+``.npz`` per item plus the model's W_O. An item is either a finished ``headhunt circuits`` run
+(its pairs, patching ground truth and EAP are reused, never recomputed) or ``task:seed:pairs``
+(EAP is computed and the truth is then binarised |mean EAP|, for when patching is too dear):
 
-    python benchmarks/circuits_sweep.py prepare --runs runs/exp/truth-* --out runs/exp/acts
+    python benchmarks/circuits_sweep.py prepare --out runs/exp/acts \
+        --runs ioi:2:32 greater-than:2:32 docstring:2:32 ioi:1:32 greater-than:1:32 docstring:1:32
 
 ``sweep`` (no model; CPU or GPU): rebuild the head outputs ``z @ W_O`` and run SAE trials with
-headhunt's own code (``headhunt.sae.circuits.run_trial``) over a grid of settings on the
-*selection* runs, rank the settings by mean node AUC over tasks, then report the chosen and
-the old defaults on the *held-out* runs (other prompt pairs):
+headhunt's own code (``headhunt.sae.circuits.run_trial``) stage by stage on the *selection*
+split, pick the (setting, node rule) with the best mean AUC over tasks, then report it, the
+same setting with an untrained SAE and the old defaults on the *held-out* split:
 
-    python benchmarks/circuits_sweep.py sweep --acts runs/exp/acts --select s1 --heldout s0 \
-        --out sweep.json
+    python benchmarks/circuits_sweep.py sweep --acts runs/exp/acts --select s2 --heldout s1 \
+        --trials 3 --heldout-trials 10 --budget-s 150 --out sweep.json
 
-Every AUC is against the binarised patching effect of the run (truth share 0.5, as the CLI).
+Every AUC is against the item's binarised truth (share 0.5, as the CLI).
 Every node rule of ``headhunt.sae.scoring.NodeScores`` is scored (|P \\ N|, normalised, the
 share of positive prompts with a positive-only code, the share of pairs whose code changes),
 edge scores on the held-out runs only (they cost most), EAP on the same pairs as each trial.
