@@ -28,7 +28,7 @@ COMMANDS = [
     "circuits",
     "probe",
     "prune",
-    "kv_eval",
+    "kv-eval",
     "export",
     "app",
 ]

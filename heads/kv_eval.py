@@ -29,7 +29,7 @@ from headhunt.heads.kvcache import (
     random_ranking,
     rank_kv_heads,
 )
-from headhunt.heads.needles import read_haystack
+from headhunt.heads.needles import NEEDLES, read_haystack
 from headhunt.heads.retrieval import RetrievalConfig, build_trials, stop_token_ids
 from headhunt.heads.ruler import MAX_NEW_TOKENS, TASKS, TaskTrial, build_ruler, from_needles
 from headhunt.probes.hooked import HookedModel
@@ -83,6 +83,14 @@ class KVEvalConfig:
             raise HeadhuntError("random draws and task repeats must be >= 0, batch size >= 1")
         if not self.needles and not (self.tasks and self.task_repeats):
             raise HeadhuntError("nothing to evaluate: give needles or tasks")
+        bad = [t for t in self.tasks if t not in TASKS] + [
+            n for n in self.needles if n not in NEEDLES
+        ]
+        if bad:
+            raise HeadhuntError(
+                f"unknown task or needle {bad[0]!r} (tasks: {', '.join(TASKS)}; needles: "
+                f"{', '.join(NEEDLES)})"
+            )
 
 
 def build_eval_trials(model: HookedModel, config: KVEvalConfig) -> list[TaskTrial]:
@@ -204,10 +212,24 @@ def kv_eval(
         key = condition_key(name, fraction)
         if key in results:
             continue
-        ranking = None if name == FULL else rankings.get(name, rankings[next(iter(rankings))])
-        results[key] = run_condition(model, trials, ranking, fraction, config)
+        results[key] = run_condition(model, trials, plan_ranking(rankings, name), fraction, config)
         if on_condition is not None:
             on_condition(key, results[key])
+    return table_of(conds, results)
+
+
+def plan_ranking(rankings: dict[str, list[int]], name: str) -> list[int] | None:
+    """The ranking a condition uses (None for the full cache: the unmodified model; any ranking
+    serves for the all-streaming condition)."""
+    if name == FULL:
+        return None
+    return rankings.get(name, rankings[next(iter(rankings))])
+
+
+def table_of(
+    conds: list[tuple[str, float]], results: dict[str, list[dict[str, Any]]]
+) -> pd.DataFrame:
+    """The per-trial table of every condition's records."""
     rows = []
     for name, fraction in conds:
         for rec in results[condition_key(name, fraction)]:

@@ -163,30 +163,41 @@ def prune_sweep(
         )
     results = dict(done or {})
     m = materials(model, config)
-    by_kv = config.unit == "kv"
-    orders = pruning_orders(matrix, config, model.n_kv_heads if by_kv else None)
-    group = model.group_size if by_kv else 1
-    conds: list[tuple[str, float]] = [("none", 1.0)]
-    conds += [(o, k) for k in config.keep for o in orders]
+    orders = pruning_orders(matrix, config, model.n_kv_heads if config.unit == "kv" else None)
+    conds = prune_conditions(orders, config)
     for order, keep in tqdm(conds, desc="pruning conditions", disable=not progress):
         key = f"{order}@{keep:g}"
         if key in results:
             continue
-        drop = [] if order == "none" else heads_to_drop(orders[order], keep, group)
-        pruned = model
-        if drop:
-            pruned = copy.deepcopy(model)
-            prune_model(pruned, drop)
-        results[key] = {
-            "order": order,
-            "keep": keep,
-            "dropped": len(drop),
-            **measure(pruned, m, config),
-        }
-        del pruned
+        results[key] = measure_condition(model, orders, order, keep, m, config)
         if on_condition is not None:
             on_condition(key, results[key])
     return pd.DataFrame([results[f"{o}@{k:g}"] for o, k in conds])
+
+
+def prune_conditions(
+    orders: dict[str, list[Head]], config: PruneEvalConfig
+) -> list[tuple[str, float]]:
+    """The full model (``none``, keep 1), then every (order, keep)."""
+    return [("none", 1.0)] + [(o, k) for k in config.keep for o in orders]
+
+
+def measure_condition(
+    model: HookedModel,
+    orders: dict[str, list[Head]],
+    order: str,
+    keep: float,
+    m: Materials,
+    config: PruneEvalConfig,
+) -> dict[str, Any]:
+    """Prune a copy of ``model`` by ``order`` to ``keep`` and :func:`measure` it."""
+    group = model.group_size if config.unit == "kv" else 1
+    drop = [] if order == "none" else heads_to_drop(orders[order], keep, group)
+    pruned = model
+    if drop:
+        pruned = copy.deepcopy(model)
+        prune_model(pruned, drop)
+    return {"order": order, "keep": keep, "dropped": len(drop), **measure(pruned, m, config)}
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,8 @@ METHODS: dict[str, str] = {
     "calibrate": "headhunt.methods.calibrate:Calibrate",
     "ngram": "headhunt.methods.ngram:Ngram",
     "mqar": "headhunt.methods.mqar:MQAR",
+    "prune": "headhunt.methods.prune:Prune",
+    "kv-eval": "headhunt.methods.kv_eval:KVEval",
 }
 
 

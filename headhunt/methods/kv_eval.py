@@ -1,0 +1,171 @@
+"""KV-cache head pruning as a method: sweep the share of full KV heads (DuoAttention-style
+streaming heads for the rest) for several head rankings, on needles and RULER-like tasks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table
+
+RECORDS = "conditions.jsonl"
+
+
+@dataclass
+class KVEvalMethodConfig(MethodConfig):
+    """The rankings and the sweep (see :class:`headhunt.heads.kv_eval.KVEvalConfig`)."""
+
+    scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
+    metric: str = option("retrieval_score", "the metric of --scores")
+    duo_pattern: str | None = option(None, "a DuoAttention pattern folder to compare", type=str)
+    random_draws: int = option(3, "random rankings", min=0)
+    fractions: list[float] = option(
+        [0.0, 0.1, 0.25, 0.5, 0.75, 1.0], "shares of KV heads with the full cache", min=0, max=1
+    )
+    sink: int = option(4, "leading tokens a streaming head keeps", min=0)
+    recent: int = option(256, "trailing tokens a streaming head keeps", min=1)
+    lengths: list[int] = option([1000, 2000], "prompt lengths (needles and tasks)", min=64)
+    depths: list[float] = option([0.0, 25.0, 50.0, 75.0, 100.0], "needle depths in percent")
+    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
+    tasks: list[str] = option(["mk_niah", "mv_niah", "vt", "cwe"], "RULER-like tasks")
+    task_repeats: int = option(2, "trials per (task, length)", min=0)
+    batch_size: int = option(8, "trials decoded together", min=1)
+    haystack: str | None = option(None, "text file (default: the bundled essays)", type=str)
+    seed: int = option(0, "random seed", cli=False)
+
+    def sweep(self):
+        from headhunt.heads.kv_eval import KVEvalConfig
+
+        fields = KVEvalConfig.__dataclass_fields__
+        return KVEvalConfig(**{k: v for k, v in self.to_dict().items() if k in fields})
+
+    def check(self) -> None:
+        from headhunt.export import read_scores
+
+        self.sweep().validate()
+        if self.scores is not None:
+            read_scores(self.scores, self.metric)
+        if self.duo_pattern is not None and not Path(self.duo_pattern).is_dir():
+            raise HeadhuntError(f"--duo-pattern {self.duo_pattern} is not a folder")
+        if self.scores is None and self.duo_pattern is None and not self.random_draws:
+            raise HeadhuntError(
+                "nothing to rank by: give --scores, --duo-pattern or --random-draws"
+            )
+
+
+class KVEval(Method):
+    name = "kv-eval"
+    Config = KVEvalMethodConfig
+    metric = "kv_score"
+    help = "KV-cache head pruning sweep (streaming heads)"
+    description = """Sweep the share of KV heads that keep the full cache; the others become
+streaming heads that keep only the first --sink and the last --recent tokens (their cache really
+that small). KV heads are ranked by a run's metric (each KV head takes its best query head's
+score), by its reverse, at random (--random-draws) and, with --duo-pattern, by a DuoAttention
+pattern folder. Every condition answers the same needle trials and RULER-like tasks (multi-key
+and multi-value needles, variable tracking, common words) built from the bundled essays.
+Writes kv_eval.parquet (per trial), summary.csv (accuracy x100 and measured KV bytes per
+ranking, fraction and task), kv_eval.html, and the ranking's per-head KV score (kv_score) to
+scores.parquet."""
+    units = "conditions"
+
+    def run(self, model, config: KVEvalMethodConfig, ctx):
+        from headhunt.export import ModelShape, check_scores, read_duo, read_scores
+        from headhunt.heads import kv_eval as kv
+        from headhunt.heads.scores import HeadScores
+        from headhunt.plots import write_html
+
+        shape = ModelShape.of(model.describe())
+        scores = read_scores(config.scores, config.metric)[0] if config.scores else None
+        if scores is not None:
+            check_scores(scores, shape, f"--scores {config.scores}")
+        duo = read_duo(config.duo_pattern, shape)[0] if config.duo_pattern else None
+        sweep = config.sweep()
+        rankings = kv.kv_rankings(model, sweep, scores, duo)
+        trials = kv.build_eval_trials(model, sweep)
+        conds = kv.conditions(rankings, sweep.fractions)
+        keys = [kv.condition_key(n, f) for n, f in conds]
+        done = ctx.done(RECORDS, key=lambda r: r["condition"])
+        t1 = time.perf_counter()
+        for name, fraction in ctx.todo(conds, done, key=lambda c: kv.condition_key(*c)):
+            records = kv.run_condition(
+                model, trials, kv.plan_ranking(rankings, name), fraction, sweep
+            )
+            ctx.append(RECORDS, {"condition": kv.condition_key(name, fraction), "records": records})
+        ctx.wait("sweep_s", since=t1)
+        collected = ctx.collect(RECORDS, keys, key=lambda r: r["condition"])
+        if collected is None:
+            return None
+        table = kv.table_of(conds, {r["condition"]: r["records"] for r in collected})
+        table.to_parquet(ctx.path("kv_eval.parquet"), index=False)
+        summary = kv.summarize(table)
+        summary.to_csv(ctx.path("summary.csv"), index=False)
+        write_html(figure(summary, model.name), ctx.path("kv_eval.html"))
+        ctx.extra["summary"] = {"trials": len(trials), "rankings": list(rankings)}
+        if scores is not None:
+            per_kv = kv.kv_scores(scores, model.n_kv_heads)
+        elif duo is not None:
+            per_kv = duo
+        else:
+            per_kv = np.full((model.n_layers, model.n_kv_heads), np.nan)
+        per_head = np.repeat(per_kv, model.group_size, axis=1)
+        return HeadScores.from_matrix(self.metric, per_head, n_kv_heads=model.n_kv_heads)
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        show_summary(pd.read_csv(run.path / "summary.csv"))
+
+
+def show_summary(summary) -> None:
+    """Accuracy per ranking and fraction for the needle and RULER-like groups, with the
+    measured KV share."""
+    groups = summary["task"].isin(["needle", "ruler"])
+    keep = summary[groups & ~summary["ranking"].str.match(r"random\d")]
+    wide = keep.pivot_table(
+        index=["ranking", "fraction"], columns="task", values="accuracy", sort=False
+    )
+    kv = keep.groupby(["ranking", "fraction"], sort=False)["kv_fraction"].mean()
+    wide = wide.assign(kv_share=kv).reset_index()
+    print_table(
+        wide,
+        title="kv-eval: accuracy (x100) by share of full KV heads; kv_share = KV bytes / full cache",
+    )
+
+
+def figure(summary, name: str) -> Any:
+    """Accuracy against measured KV share, one line per ranking, needles and RULER-like tasks."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    groups = [g for g in ("needle", "ruler") if g in set(summary["task"])]
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=groups, shared_yaxes=True)
+    names = [r for r in dict.fromkeys(summary["ranking"]) if not r[-1].isdigit()]
+    for col, g in enumerate(groups, start=1):
+        for i, r in enumerate(names):
+            s = summary[(summary["task"] == g) & (summary["ranking"] == r)].sort_values("fraction")
+            fig.add_trace(
+                go.Scatter(
+                    x=s["kv_fraction"],
+                    y=s["accuracy"],
+                    mode="lines+markers",
+                    name=r,
+                    legendgroup=r,
+                    showlegend=col == 1,
+                    line={"color": f"hsl({int(360 * i / max(1, len(names)))},60%,45%)"},
+                    customdata=s["fraction"],
+                    hovertemplate=f"{r}: full KV heads %{{customdata:.0%}}<br>KV share %{{x:.2f}}"
+                    "<br>accuracy %{y:.1f}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(title_text="measured KV cache / full cache", row=1, col=col)
+    fig.update_yaxes(title_text="accuracy (x100)", row=1, col=1)
+    fig.update_layout(title=f"KV-cache head pruning: {name}", height=450)
+    return fig

@@ -1,0 +1,178 @@
+"""Structural head pruning as a method: remove heads from the weights, save a smaller Hugging
+Face folder, and (with --evaluate) measure it against reverse and random pruning."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table
+
+RECORDS = "conditions.jsonl"
+
+
+@dataclass
+class PruneConfig(MethodConfig):
+    """Which heads go (a share of a ranking, or a list), and what to measure."""
+
+    scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
+    metric: str = option("retrieval_score", "the metric of --scores")
+    keep: float | None = option(
+        None, "share of query heads kept (top first)", type=float, min=0, max=1
+    )
+    drop_heads: str | None = option(None, "heads to drop instead: L-H,L-H,...", type=str)
+    unit: str = option(
+        "head",
+        "head: rank and drop query heads (uneven GQA groups get zero pad heads); kv: rank KV "
+        "groups by their best query head and drop whole groups (k/v and the KV cache shrink)",
+        choices=("head", "kv"),
+    )
+    evaluate: bool = option(False, "measure against reverse and random pruning")
+    sweep: list[float] | None = option(None, "more kept shares to measure", type=float)
+    draws: int = option(3, "random head sets per share", min=0)
+    lengths: list[int] = option([1000, 2000], "needle prompt lengths", min=64)
+    depths: list[float] = option([0.0, 50.0, 100.0], "needle depths in percent")
+    ppl_windows: int = option(8, "perplexity windows (512 tokens)", min=1)
+    batch_size: int = option(8, "needle trials decoded together", min=1)
+    seed: int = option(0, "random seed", cli=False)
+
+    def check(self) -> None:
+        from headhunt.export import read_scores
+
+        if (self.keep is None) == (self.drop_heads is None):
+            raise HeadhuntError("give exactly one of --keep (with --scores) and --drop-heads")
+        if self.keep is not None and not 0 < self.keep <= 1:
+            raise HeadhuntError(f"--keep {self.keep} must be in (0, 1]: the share of heads kept")
+        if self.keep is not None and self.scores is None:
+            raise HeadhuntError("--keep ranks heads by a metric: give --scores RUN")
+        if self.evaluate and self.scores is None:
+            raise HeadhuntError("--evaluate compares rankings: give --scores RUN")
+        if self.scores is not None:
+            read_scores(self.scores, self.metric)
+
+    def evaluation(self):
+        from headhunt.heads.prune_eval import PruneEvalConfig
+
+        keep = sorted({self.keep or 1.0, *(self.sweep or [])} - {1.0}, reverse=True)
+        return PruneEvalConfig(
+            keep=keep or [1.0],
+            draws=self.draws,
+            lengths=self.lengths,
+            depths=self.depths,
+            ppl_windows=self.ppl_windows,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            unit=self.unit,
+        )
+
+
+class Prune(Method):
+    name = "prune"
+    Config = PruneConfig
+    metric = "kept"
+    help = "structural head pruning to a smaller HF folder"
+    description = """Structural head pruning: the dropped query heads' rows of q_proj and columns of
+o_proj are removed (a KV head's k/v rows go with its last query head); uneven GQA groups are
+padded with zero heads (--unit kv drops whole KV groups instead). Keep the top --keep share of
+heads by any metric of any run (--scores, --metric), or drop a list (--drop-heads 14-3,20-1).
+Writes model/ (safetensors, tokenizer, a config recording each layer's heads; load it with
+headhunt.heads.pruning.load_pruned), prune.json (layout and size), the kept heads (kept = 1) to
+scores.parquet and manifest.json. With --evaluate, also prunes by the reverse ranking and at
+random (--draws) at --keep and every --sweep share, and measures each pruned model: parameters,
+KV bytes per token, prefill time, perplexity on the bundled essays and needle recall (fresh
+trials); writes prune_eval.csv."""
+    units = "pruning conditions"
+
+    def run(self, model, config: PruneConfig, ctx):
+        import numpy as np
+
+        from headhunt.export import ModelShape, check_scores, read_scores
+        from headhunt.heads import prune_eval as pe
+        from headhunt.heads.pruning import (
+            heads_to_drop,
+            model_size,
+            prune_model,
+            ranked_heads,
+            save_pruned,
+        )
+        from headhunt.heads.scores import HeadScores, parse_heads
+
+        scores = read_scores(config.scores, config.metric)[0] if config.scores else None
+        if scores is not None:
+            check_scores(scores, ModelShape.of(model.describe()), f"--scores {config.scores}")
+        by_kv = config.unit == "kv"
+        if config.drop_heads is not None:
+            drop = sorted(set(parse_heads(config.drop_heads, model.n_layers, model.n_heads)))
+            if not drop:
+                raise HeadhuntError("--drop-heads names no head")
+        else:
+            kv = model.n_kv_heads if by_kv else None
+            ranking = ranked_heads(scores, "top", config.seed, n_kv_heads=kv)
+            drop = heads_to_drop(ranking, config.keep, model.group_size if by_kv else 1)
+        conds: list[tuple[str, float]] = []
+        if config.evaluate:
+            ev = config.evaluation()
+            ev.validate()
+            orders = pe.pruning_orders(scores, ev, model.n_kv_heads if by_kv else None)
+            conds = pe.prune_conditions(orders, ev)
+            m = pe.materials(model, ev)
+        keys = [f"{o}@{k:g}" for o, k in conds]
+        t1 = time.perf_counter()
+        done = ctx.done(RECORDS, key=lambda r: r["condition"])
+        for order, keep in ctx.todo(conds, done, key=lambda c: f"{c[0]}@{c[1]:g}"):
+            result = pe.measure_condition(model, orders, order, keep, m, ev)
+            ctx.append(RECORDS, {"condition": f"{order}@{keep:g}", "result": result})
+        ctx.wait("evaluate_s", since=t1)
+        records = ctx.collect(RECORDS, keys, key=lambda r: r["condition"]) if conds else []
+        if records is None:
+            return None
+        evaluation = None
+        if conds:
+            import pandas as pd
+
+            summary = pe.summarize(pd.DataFrame([r["result"] for r in records]))
+            summary.to_csv(ctx.path("prune_eval.csv"), index=False)
+            evaluation = summary.to_dict(orient="records")
+        full = model_size(model)
+        record = prune_model(model, drop)
+        save_pruned(model, ctx.path("model"))
+        ctx.write_json(
+            "prune.json",
+            {
+                "dropped": record["dropped"],
+                "kept_heads": model.n_layers * model.n_heads - len(record["dropped"]),
+                "full": full,
+                "pruned": model_size(model),
+                "layers": record["layers"],
+                "evaluation": evaluation,
+            },
+        )
+        kept = np.ones((model.n_layers, model.n_heads))
+        for layer, head in drop:
+            kept[layer, head] = 0.0
+        return HeadScores.from_matrix(self.metric, kept, n_kv_heads=model.n_kv_heads)
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        result = run.json("prune.json")
+        full, pruned = result["full"], result["pruned"]
+        rows = [
+            ("heads kept", result["kept_heads"]),
+            ("heads dropped", len(result["dropped"])),
+            ("parameters", f"{full['parameters']:,} -> {pruned['parameters']:,}"),
+            (
+                "KV bytes per token",
+                f"{full['kv_bytes_per_token']:,} -> {pruned['kv_bytes_per_token']:,}",
+            ),
+            ("zero pad heads (uneven GQA groups)", pruned["pad_heads"]),
+        ]
+        print_table(pd.DataFrame(rows, columns=["", "value"]), title="Structural pruning")
+        print(f"pruned model: {run.path / 'model'}")
+        if result.get("evaluation"):
+            df = pd.DataFrame(result["evaluation"])
+            df = df[~df["order"].str.match(r"random\d")]
+            cols = ["order", "keep", "parameters", "kv_bytes_per_token", "prefill_s"]
+            cols += ["perplexity", "needle_recall"]
+            print_table(df[cols], title="Pruning by ranking, reverse and random (random: mean)")
