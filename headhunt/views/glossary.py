@@ -154,6 +154,34 @@ METRICS: dict[str, MetricInfo] = {
     "value_to_key": MetricInfo(
         "mean attention from each context value to its own key (a previous-token head)", SHARE
     ),
+    # probe (a layer's residual stream: head -1, drawn per layer; --heads: one probe per head)
+    "accuracy": MetricInfo(
+        "held-out accuracy of the linear probe (texts split, not positions)", "share, 0-1"
+    ),
+    "r2": MetricInfo("held-out R^2 of the linear (ridge) probe", "R^2, at most 1"),
+    "train": MetricInfo("the probe's score on its own training texts", "same as the score"),
+    "within_type": MetricInfo(
+        "the probe's score on labels moved among rows of the same type (token, context, key)",
+        "same as the score",
+    ),
+    "shuffled": MetricInfo("the probe's score on labels shuffled across rows", "same as the score"),
+    "control": MetricInfo(
+        "the probe's score on Hewitt & Liang's control task (one random label per type)",
+        "same as the score",
+    ),
+    "selectivity": MetricInfo(
+        "the probe's score minus the target's informative control (docs/probes.md)",
+        "score difference",
+    ),
+    "chance": MetricInfo(
+        "the training split's majority class (R^2 of its mean) on the test texts",
+        "same as the score",
+    ),
+    "C": MetricInfo(
+        "inverse regularisation picked by cross-validation over training texts", "C (1/alpha)"
+    ),
+    "n_train": MetricInfo("rows the probe was trained on", COUNT, when_constant=PER_RUN),
+    "n_test": MetricInfo("rows the probe was tested on", COUNT, when_constant=PER_RUN),
     # circuits
     "sae_node": MetricInfo(
         "|P \\ N|: distinct SAE codes the head takes on positive prompts and never on negative "

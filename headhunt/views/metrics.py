@@ -46,10 +46,21 @@ class MetricView:
         return dict(self.where)
 
 
+def _is_head(df: pd.DataFrame) -> pd.Series:
+    """Rows about one head; the others are about a whole layer: ``head`` empty (sinks'
+    ``sink_eps``) or -1 (probes of a layer's residual stream)."""
+    return df["head"].notna() & (df["head"] >= 0)
+
+
+def per_head(scores: HeadScores) -> pd.DataFrame:
+    """The rows of a scores table that belong to one head each."""
+    return scores.df[_is_head(scores.df)]
+
+
 def metric_views(scores: HeadScores) -> list[MetricView]:
     """Every per-head map the table holds, in the table's order (per-layer metrics, whose
     ``head`` is empty, are left to :func:`layer_metrics`)."""
-    df = scores.df[scores.df["head"].notna()]
+    df = per_head(scores)
     extra = [c for c in df.columns if c not in COLUMNS]
     views = []
     for metric, rows in df.groupby("metric", sort=False):
@@ -78,7 +89,7 @@ def _py(v: Any) -> Any:
 
 def view_matrix(scores: HeadScores, view: MetricView) -> np.ndarray:
     """The [layers, heads] matrix of a view (NaN where a head has no value)."""
-    df = scores.df[scores.df["head"].notna()]
+    df = per_head(scores)
     return HeadScores(df).matrix(view.metric, **view.filters)
 
 
@@ -92,8 +103,9 @@ def default_view(method: str, views: Sequence[MetricView]) -> MetricView | None:
 
 
 def layer_metrics(scores: HeadScores) -> pd.DataFrame:
-    """Per-layer rows (``head`` empty), e.g. sink runs' ``sink_eps`` and ``massive_ratio``."""
-    df = scores.df[scores.df["head"].isna()]
+    """Per-layer rows (``head`` empty or -1), e.g. sink runs' ``sink_eps`` and ``massive_ratio``
+    or the accuracy of a probe of each layer's residual stream."""
+    df = scores.df[~_is_head(scores.df)]
     return df[["layer", "metric", "value"]].reset_index(drop=True)
 
 
@@ -137,7 +149,7 @@ def top_heads(scores: HeadScores, view: MetricView, k: int = 10) -> pd.DataFrame
     """The k highest-valued heads of a view: layer, head, kv_head, value and ``rank`` (1 =
     highest; heads with equal values share the lowest rank of their tie, ``tied`` counts
     the heads of the whole map sharing that value)."""
-    df = scores.df[scores.df["head"].notna()]
+    df = per_head(scores)
     rows = df[df["metric"] == view.metric]
     for col, v in view.where:
         rows = rows[rows[col] == v]
@@ -155,7 +167,7 @@ def head_table(scores: HeadScores, layer: int, head: int) -> pd.DataFrame:
     ties share their lowest rank) for the same metric and keys, how many heads share its
     value (``tied``), and the metric's unit. A metric whose heads all share one value (a
     run-level count) has no rank."""
-    df = scores.df[scores.df["head"].notna()].copy()
+    df = per_head(scores).copy()
     extra = [c for c in df.columns if c not in COLUMNS]
     group = ["metric", *extra]
     by = df.groupby(group, dropna=False)["value"]  # dropna=False: rows with empty keys group too

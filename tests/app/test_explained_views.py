@@ -205,3 +205,32 @@ def test_a_manifest_with_wrong_types_is_listed_with_the_reason(monkeypatch, tmp_
     for page in ("Heads map", "Head detail", "Interventions", "Circuits"):
         goto(at, page)
         assert not at.exception, (page, [e.value for e in at.exception])
+
+
+def test_a_probe_run_draws_whole_layer_probes_per_layer_and_head_probes_as_a_map(
+    monkeypatch, tmp_path
+):
+    """Probe runs write a layer's residual-stream probe with head = -1 (not a head)."""
+    import numpy as np
+    import pandas as pd
+    from run_fixtures import KV, H, L, _model
+
+    from headhunt.heads.scores import HeadScores
+    from headhunt.rundir import RunDir
+
+    run = RunDir.open(tmp_path / "runs" / "probe", "probe", parameters={"target": "mqar"})
+    layers = pd.DataFrame(
+        {"layer": range(L), "head": -1, "kv_head": -1, "metric": "accuracy", "value": [0.2, 0.9]}
+    )
+    heads = HeadScores.from_matrix("accuracy", np.arange(L * H).reshape(L, H) / 10, n_kv_heads=KV)
+    HeadScores.concat([HeadScores(layers), heads]).to_parquet(run.path("scores.parquet"))
+    run.finalize(model=_model("tiny"), parameters={"target": "mqar"}, timings={})
+    at = start(monkeypatch, tmp_path / "runs")
+    goto(at, "Heads map")
+    clean(at)
+    top = at.dataframe[0].value
+    assert (int(top.loc[0, "layer"]), int(top.loc[0, "head"])) == (L - 1, H - 1)
+    assert any("Per-layer values" in m.value for m in at.markdown)
+    goto(at, "Head detail", layer=1, head=3)
+    clean(at)
+    assert list(at.dataframe[0].value["of"]) == [L * H]  # the whole-layer probes are not heads
