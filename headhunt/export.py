@@ -247,16 +247,10 @@ def export(
 ) -> list[Path]:
     """Write ``matrix`` ([layers, query heads] scores) in ``fmt``; returns the files written."""
     folder = Path(folder)
-    if fmt == "duo":
-        return write_duo(
-            folder, matrix, shape, sink=sink, recent=recent, full_fraction=full_fraction,
-            provenance=provenance, seed=seed,
-        )  # fmt: skip
-    if fmt == "kvpress":
-        return write_kvpress(
-            folder, matrix, shape, sink=sink, recent=recent, full_fraction=full_fraction,
-            provenance=provenance, seed=seed,
-        )  # fmt: skip
+    if fmt in ("duo", "kvpress"):
+        write = write_duo if fmt == "duo" else write_kvpress
+        kw = {"sink": sink, "recent": recent, "full_fraction": full_fraction, "seed": seed}
+        return write(folder, matrix, shape, provenance=provenance, **kw)
     if fmt == "headkv":
         return write_headkv(folder, matrix, shape, provenance=provenance)
     raise HeadhuntError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -227,8 +228,6 @@ def save_pruned(model: HookedModel, folder: str | Path) -> Path:
     if not getattr(model.model.config, CONFIG_KEY, None):
         raise HeadhuntError("the model is not pruned (call prune_model first)")
     tmp = folder.with_name(folder.name + ".tmp")
-    import shutil
-
     shutil.rmtree(tmp, ignore_errors=True)
     impl = model.model.config._attn_implementation
     try:
