@@ -234,7 +234,9 @@ def _score_row(
     a_ind = _probs(q, k, lse, t.to(dev), (p + 1).to(dev), kw, cfg.chunk_pairs)
 
     # TransformerLens "mul": sum(A' * D) / sum(A'), A' = A with the excluded keys zeroed.
-    row = torch.ones(hq, n)
+    row = torch.ones(hq, n)  # each query's attention mass over the keys
+    if kw.get("sinks") is not None:  # learned sinks take exp(sink - lse) of every row
+        row -= torch.exp(kw["sinks"].float()[:, None] - lse[0].float()).cpu()
     if cfg.exclude_bos:
         row -= a_bos
     if cfg.exclude_current_token:

@@ -193,14 +193,17 @@ def tiny_config(model_type: str, vocab_size: int = 64, **overrides):
     if "add_cross_attention" in known:  # an encoder family used as a causal LM
         kw["is_decoder"] = True
     kinds = list(dict.fromkeys(getattr(default, "layer_types", None) or []))
-    settable = "layer_types" in known and not isinstance(
-        getattr(cls, "layer_types", None), property
-    )
-    if len(kinds) > 1 and settable:
+    if len(kinds) > 1:
         n = int(kw.get("num_hidden_layers", 2))
         kw["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
     kw.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
     kw.update(overrides)
+    try:
+        return cls(**kw)
+    except AttributeError:  # layer_types is read-only here (derived from other fields)
+        if "layer_types" in overrides or "layer_types" not in kw:
+            raise
+        del kw["layer_types"]
     return cls(**kw)
 
 

@@ -37,6 +37,15 @@ def _as_eager_returns(probs: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return probs
 
 
+def _true_rows(att: torch.Tensor, call, real_q: torch.Tensor) -> torch.Tensor:
+    """Eager's rows as the model's true probabilities: Granite SWA's eager returns them
+    normalised over the keys (see :func:`_as_eager_returns`), so they get the sink share of
+    the model's own rows (validated through the logits)."""
+    if call.sinks is not None and bool(((att.sum(-1) - real_q.float()).abs() < 1e-5).all()):
+        return att * call.probs().sum(-1, keepdim=True)
+    return att
+
+
 def _argmax_agrees(rows: torch.Tensor, picked: torch.Tensor, what: str) -> None:
     """The eager probability at the captured argmax is the row's maximum (ties allowed)."""
     at = rows.gather(-1, picked[..., None])[..., 0]
@@ -158,11 +167,7 @@ def check_prefill_stats(pair: Pair) -> None:
     qi, ki = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
     for layer, att in enumerate(ref):
         s, call = stats[layer], rec.calls[layer]
-        att = torch.where(real_q[..., None], att, 0.0)
-        if call.sinks is not None and bool(((att.sum(-1) - real_q.float()).abs() < 1e-5).all()):
-            # Granite SWA's eager returns rows normalised over the keys (see
-            # _as_eager_returns): give them the sink share of the model's own rows.
-            att = att * call.probs().sum(-1, keepdim=True)
+        att = _true_rows(torch.where(real_q[..., None], att, 0.0), call, real_q)
         a = att
         torch.testing.assert_close(s.col_sum, a.sum(2), atol=1e-4, rtol=1e-4)
         seen_by = (a > 0).sum(2)  # [b, h, keys]: real queries that see each key
@@ -201,3 +206,27 @@ def check_masking(pair: Pair, zeroed) -> None:
     torch.testing.assert_close(plain[real], ref_plain[real], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(masked[real], ref_masked[real], atol=1e-4, rtol=1e-4)
     assert (masked[real] - plain[real]).abs().max() > 1e-4, "masking the head changed nothing"
+
+
+def check_ngram(pair: Pair) -> None:
+    """The n-gram / induction scorer (kernel lse + exact pair probabilities inside the
+    forward) equals its dense reference on the eager model's own attention pattern."""
+    import numpy as np
+
+    from headhunt.heads.ngram import NgramConfig, dense_reference, score_sequences
+
+    hm = pair.hooked
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 9, (LENGTH,), generator=g)  # few token types: many repeats
+    cfg = NgramConfig(exclude_bos=False)
+    (rec,) = score_sequences(hm, [ids], cfg)
+    calls = _Calls()
+    with hm.hooks(calls):
+        hm.forward(ids[None], use_cache=False)
+    ones = torch.ones(1, LENGTH, dtype=torch.long)
+    ref = _eager(pair, ids[None], ones).attentions
+    for layer, att in enumerate(ref):
+        att = _true_rows(att, calls.calls[layer], ones.bool()[:, None])
+        want = dense_reference(att[0], ids, cfg)
+        for key in ("tl_prev", "tl_dup", "tl_ind"):
+            np.testing.assert_allclose(getattr(rec, key)[layer], want[key], atol=1e-4)

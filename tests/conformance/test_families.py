@@ -244,6 +244,7 @@ def test_family_conforms(family, zeroed):
     checks.check_dense_rows(pair)
     checks.check_decode(pair)
     checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
 
 
 def _kernels_take_variants() -> bool:
