@@ -41,9 +41,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-
-# parse_heads: re-exported for headhunt/methods/calibrate.py, which still imports it from here.
-from headhunt.heads.scores import Head, check_heads, parse_heads  # noqa: F401
+from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 

@@ -59,8 +59,9 @@ class CalibrateRunConfig(MethodConfig):
 
 def read_heads(spec: str) -> list[tuple[int, int]]:
     """Heads from a heads.json (``{"heads": [[l, h], ...]}``), a text file of ``L-H`` pairs,
-    or the pairs themselves (checked against the model by :func:`check_heads`)."""
-    from headhunt.heads.act import parse_heads
+    or the pairs themselves (checked against the model later, by
+    :func:`headhunt.heads.scores.check_heads`)."""
+    from headhunt.heads.scores import parse_heads
 
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -70,7 +71,7 @@ def read_heads(spec: str) -> list[tuple[int, int]]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError:
-            heads = parse_heads(text.replace("\n", ","))
+            heads = parse_heads(text)
         else:
             raw = obj.get("heads") if isinstance(obj, dict) else obj
             try:
@@ -82,14 +83,6 @@ def read_heads(spec: str) -> list[tuple[int, int]]:
     else:
         raise HeadhuntError(f"no heads file at {path}")
     return heads
-
-
-def check_heads(heads: list[tuple[int, int]], n_layers: int, n_heads: int) -> None:
-    for layer, head in heads:
-        require(
-            0 <= layer < n_layers and 0 <= head < n_heads,
-            f"head {layer}-{head} is outside the model ({n_layers} layers x {n_heads} heads)",
-        )
 
 
 class Calibrate(Method):
@@ -127,6 +120,7 @@ test_items.parquet and calibrate.html."""
         from tqdm import tqdm
 
         from headhunt.heads import calibrate as C
+        from headhunt.heads.scores import check_heads
         from headhunt.heads.tasks import load_task, split_task
         from headhunt.plots import write_html
 
