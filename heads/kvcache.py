@@ -354,6 +354,8 @@ def generate_with_plan(
 
     Returns (tokens, valid lengths incl. the stop token, KV-cache bytes at the end).
     """
+    if getattr(model.model.config, "headhunt_pruning", None) and plan is not None:
+        raise HeadhuntError("KV-cache head pruning runs on unpruned models (heads per layer vary)")
     dev = model.device
     prompts = prompts.to(dev)
     hooks: tuple[AttentionHook, ...] = ()
