@@ -241,17 +241,17 @@ def interventions_page(ctx: Context) -> None:
     spec = model_spec(ctx)
     label = ", ".join(f"{a}-{b}" for a, b in heads) or "no heads"
     request = Request(
-        run_key,
-        spec,
-        tuple(heads),
-        how,
-        mode if how == "mask" else None,
-        float(beta) if how == "act" else None,
-        needle,
-        int(length),
-        float(depth),
-        int(seed),
-        bool(control),
+        run=run_key,
+        spec=spec,
+        heads=tuple(heads),
+        how=how,
+        mode=mode if how == "mask" else None,  # a setting the intervention ignores is no key
+        beta=float(beta) if how == "act" else None,
+        needle=needle,
+        length=int(length),
+        depth=float(depth),
+        seed=int(seed),
+        control=bool(control),
     )
     if st.button(f"Answer before and after ({label})", key="iv_go", disabled=not heads):
         model = _load_model(spec)

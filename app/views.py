@@ -293,14 +293,7 @@ def _head_map(ctx: Context, scores, view: hi.MetricView) -> None:
         selection_mode="single-row",
         key="top_table",
     )
-    tied = top[top["tied"] > 1]
-    if len(tied):
-        st.caption(
-            "Tied heads share the rank of their tie (`tied` = heads with that value): "
-            + "; ".join(
-                f"{n} heads at {v:.6g}" for v, n in tied.groupby("value")["tied"].first().items()
-            )
-        )
+    _ties_caption(top, "value", "heads", "Tied heads share the rank of their tie")
 
 
 # --------------------------------------------------------------------------- Circuits
@@ -382,21 +375,29 @@ def circuits_page(ctx: Context) -> None:
             "each trial lists its best 100)"
         )
         st.dataframe(edges, hide_index=True)
-        ties = edges[edges["tied"] > 1]
-        if len(ties):
-            st.caption(
-                "Pairs with the same mean share a rank (`tied` = pairs at that value); their "
-                "order in the table is alphabetical, not a ranking: "
-                + "; ".join(
-                    f"{n} pairs tie at {v:.6g}"
-                    for v, n in ties.groupby("mean")["tied"].first().items()
-                )
-            )
+        _ties_caption(
+            edges,
+            "mean",
+            "pairs",
+            "Pairs with the same mean share a rank; their order in the table is alphabetical, "
+            "not a ranking",
+        )
     with st.expander("every head's scores"):
         st.dataframe(cv.table, hide_index=True)
     if cv.auc:
         with st.expander("auc.json"):
             st.code(json.dumps(cv.auc, indent=1)[:20000], language="json")
+
+
+def _ties_caption(table: pd.DataFrame, column: str, noun: str, lead: str) -> None:
+    """Name the ties of a ranked table (its ``tied`` column counts the rows sharing a value)."""
+    tied = table[table["tied"] > 1]
+    if len(tied):
+        counts = tied.groupby(column)["tied"].first().items()
+        st.caption(
+            f"{lead} (`tied` = {noun} at that value): "
+            + "; ".join(f"{n} {noun} tie at {v:.6g}" for v, n in counts)
+        )
 
 
 def _truth_vs_circuit(entry: hi.RunEntry, cv: hi.CircuitView) -> None:
