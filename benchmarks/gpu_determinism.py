@@ -58,7 +58,7 @@ def kernel_names(fn) -> list[str]:
 
 
 def run(args) -> dict:
-    from headhunt.commands.common import seed_everything
+    from headhunt.engine import seed_everything
     from headhunt.heads import retrieval as R
     from headhunt.probes.capture import greedy_decode
     from headhunt.probes.hooked import load_model
