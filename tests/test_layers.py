@@ -27,6 +27,7 @@ INPUTS = (
     "headhunt.heads.needles",
     "headhunt.heads.tasks",
     "headhunt.heads.ngram_inputs",
+    "headhunt.heads.mqar_inputs",
     "headhunt.sae.tasks",
 )
 ANALYZERS = ("headhunt.heads", "headhunt.sae")
@@ -37,8 +38,6 @@ APP_DOOR = ("headhunt.commands.app",)  # `headhunt app` starts it
 
 # Modules that break a rule today, each with its reason; the list only shrinks.
 KNOWN = {
-    # Builds MQAR probe targets with the MQAR generator, which shares a module with its analyzer.
-    ("headhunt.probes.targets", "headhunt.heads.mqar"),
     # The circuits command's run (issue 19: the run engine takes it over).
     ("headhunt.sae.report", "headhunt.rundir"),
 }
@@ -51,7 +50,11 @@ def within(module: str, packages: tuple[str, ...]) -> bool:
 # (who, may import only from, what the rule says)
 ALLOWED: list[tuple[tuple[str, ...], tuple[str, ...], str]] = [
     (CORE, CORE, "core types import nothing of headhunt but core types"),
-    (INPUTS, CORE, "input builders import nothing of headhunt but core types"),
+    (
+        INPUTS,
+        (*CORE, *INPUTS),
+        "input builders import nothing of headhunt but core types and input builders",
+    ),
     (KERNELS, (*CORE, *KERNELS), "kernels import no other layer"),
     (
         CAPTURE,

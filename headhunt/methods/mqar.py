@@ -75,7 +75,7 @@ class CellBuilder:
     (``trained``: its training config)."""
 
     def __init__(self, model, config: MQARConfig, trained=None):
-        from headhunt.heads.mqar import word_pools
+        from headhunt.heads.mqar_inputs import word_pools
 
         self.model, self.config, self.trained = model, config, trained
         self.pools = None if trained is not None else word_pools(model.tokenizer, seed=config.seed)
@@ -90,7 +90,7 @@ class CellBuilder:
         return (cfg.vocab_size - 1) // 2 if cfg.shared_vocab else cfg.vocab_size // 2 - 1
 
     def __call__(self, n_pairs: int, gap: int, n_examples: int, salt: int = 0):
-        from headhunt.heads.mqar import MQARSpec, generate_mqar, insert_gap, render_mqar
+        from headhunt.heads.mqar_inputs import MQARSpec, generate_mqar, insert_gap, render_mqar
 
         c = self.config
         seed = c.seed * 1_000_003 + 7919 * n_pairs + 31 * gap + salt
