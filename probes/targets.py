@@ -429,7 +429,7 @@ def mqar_target(
         keys, values, filler: word pools (disjoint).
         seed: random seed.
     """
-    from headhunt.heads.mqar import MQARSpec, WordPools, render_mqar
+    from headhunt.heads.mqar_inputs import MQARSpec, WordPools, render_mqar
 
     if len(values) < 2 or len(keys) < len(values) - 1:
         raise HeadhuntError(f"need at least 2 values and {len(values) - 1} key words")
