@@ -6,7 +6,7 @@ same analyzers (n-gram scores, recall heads, masking) run on it unchanged. It is
 fresh MQAR batches from :func:`headhunt.heads.mqar.generate_mqar`, loss on the query positions
 only, until a held-out batch reaches ``target_accuracy``.
 
-Which circuit it learns depends on the vocabulary, which we measured (README):
+Which circuit it learns depends on the vocabulary, which we measured:
 
 - With Zoology's disjoint key and value halves, layer-0 heads can tell a key from a value by its
   id; the models we trained (2 layers, 2 or 4 heads, 3 seeds) all learned a *shifted* circuit:

@@ -99,7 +99,7 @@ scored position; the top --max-heads are calibrated one at a time on the calibra
 heads that raise accuracy are combined greedily on dev, and the chosen set is evaluated on
 the test split only: baseline vs calibrated accuracy with paired-bootstrap 95% intervals.
 --heads FILE skips the search and applies a saved set (heads.json of an earlier run, or a
-text file of LAYER-HEAD pairs). Tasks: a bundled name or a JSONL file (see README).
+text file of LAYER-HEAD pairs). Tasks: a bundled name or a JSONL file (see docs/sinks.md).
 Writes manifest.json, scores.parquet, records.jsonl, split.json, heads.json, result.json,
 test_items.parquet and calibrate.html."""
 
