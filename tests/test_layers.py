@@ -2,8 +2,8 @@
 (heads/, sae/) -> run directory -> CLI, app, notebooks.
 
 Read from the source files with ``ast`` (imports inside functions count too), so a rule holds
-whether or not a test imports the module. Each rule is checked on planted violations first,
-so a checker that sees nothing cannot pass.
+whether or not a test imports the module. Each rule also fails on a planted violation (the
+last tests), so a checker that sees nothing cannot pass.
 """
 
 from __future__ import annotations
