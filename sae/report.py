@@ -20,6 +20,7 @@ Files written (besides ``manifest.json``):
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -157,8 +158,29 @@ def _eap(
         model, pairs, batch_size=batch_size, per_pair=True, progress=progress
     )
     seconds = time.perf_counter() - t0
-    save_file({"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}, str(path))
+    tensors = {"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}
+    _write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
     return per_pair.flatten(1).numpy(), seconds
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)``, made durable, then renamed to ``path``: a crash never leaves half a file
+    (an interrupted run's ``.*.tmp`` files are dropped when it resumes)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save_sae(sae, run_dir: RunDir) -> None:
+    """Trial 0's SAE, as ``DiscreteSAE.save`` writes it (``sae.safetensors`` + ``sae.json``),
+    each file atomically."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
+    _write_atomic(run_dir.path("sae.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
+    write_json_atomic(run_dir.path("sae.json"), sae.config.to_dict())
 
 
 def run(
@@ -207,10 +229,10 @@ def run(
         eap_pairs, timings["eap"] = _eap(model, pairs, run_dir, batch_size, progress)
 
     def keep(trial: Trial) -> None:
-        rec = trial.record()
-        run_dir.append_record(rec, "trials.jsonl")
+        # The SAE first: once trial 0's record is saved, a resume never trains it again.
         if trial.index == 0 and trial.sae is not None:
-            trial.sae.save(run_dir.path("sae"))
+            _save_sae(trial.sae, run_dir)
+        run_dir.append_record(trial.record(), "trials.jsonl")
 
     done = [Trial.from_record(r) for r in run_dir.records("trials.jsonl")]
     trials = run_trials(

@@ -257,3 +257,22 @@ def test_a_prompt_longer_than_the_context_is_refused_before_any_work(tmp_path, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "more than the model's context (1024)" in err
     assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_trial_0s_sae_is_on_disk_before_its_record(tmp_path, task_file, use_planted, monkeypatch):
+    """A kill between the two must not leave a resumed run without ``sae.safetensors`` (the
+    resume skips trial 0 once its record is saved); both files are written atomically."""
+    from headhunt.rundir import RunDir
+
+    seen = []
+    append = RunDir.append_record
+
+    def checked(self, record, name="records.jsonl"):
+        if name == "trials.jsonl" and record["index"] == 0:
+            seen.append(sorted(p.name for p in self.work.iterdir() if "sae" in p.name))
+        append(self, record, name)
+
+    monkeypatch.setattr(RunDir, "append_record", checked)
+    args = ["circuits", "--task-file", str(task_file), "--out", str(tmp_path / "r"), *FAST]
+    assert main(args) == 0
+    assert seen == [["sae.json", "sae.safetensors"]]
