@@ -30,6 +30,7 @@ Built-in targets:
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -498,6 +499,43 @@ def mqar_target(
 # The user's JSONL
 
 
+def read_jsonl_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """The records of a :func:`jsonl_target` file with their line numbers, checked as far as
+    no tokenizer is needed (so a bad file is refused before a model loads).
+
+    Raises:
+        HeadhuntError: unreadable file, bad JSON, missing keys, both or neither of
+            ``position`` / ``substring``, a label that is not a string, boolean or finite
+            number (JSON's NaN and Infinity included), no rows; each names the file and line.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise HeadhuntError(f"cannot read {path}: {e}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise HeadhuntError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or "label" not in rec:
+            raise HeadhuntError(f'{path}:{n}: each line needs "text" (a string) and "label"')
+        if ("position" in rec) == ("substring" in rec):
+            raise HeadhuntError(f'{path}:{n}: give exactly one of "position" or "substring"')
+        label = rec["label"]
+        if isinstance(label, (list, dict)) or label is None:
+            raise HeadhuntError(f"{path}:{n}: label must be a string, number or boolean")
+        if isinstance(label, float) and not math.isfinite(label):
+            raise HeadhuntError(f"{path}:{n}: label must be a finite number, got {label}")
+        out.append((n, rec))
+    if not out:
+        raise HeadhuntError(f"{path} has no rows")
+    return out
+
+
 def jsonl_target(
     path: str | Path,
     tokenizer,
@@ -513,27 +551,13 @@ def jsonl_target(
     make a regression; ``task`` forces one.
 
     Raises:
-        HeadhuntError: unreadable file, bad JSON, missing keys, a position outside its text, a
+        HeadhuntError: what :func:`read_jsonl_rows` refuses, a position outside its text, a
             substring not in its text.
     """
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HeadhuntError(f"cannot read {path}: {e}") from None
     bos = _bos(tokenizer)
     by_text: dict[str, tuple[list[int], list[int], list[Any]]] = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or "label" not in rec:
-            raise HeadhuntError(f'{path}:{n}: each line needs "text" (a string) and "label"')
-        if ("position" in rec) == ("substring" in rec):
-            raise HeadhuntError(f'{path}:{n}: give exactly one of "position" or "substring"')
+    for n, rec in read_jsonl_rows(path):
         text = rec["text"]
         if text not in by_text:
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -558,12 +582,7 @@ def jsonl_target(
             if not inside:
                 raise HeadhuntError(f"{path}:{n}: substring {sub!r} covers no token")
             p = max(inside)
-        label = rec["label"]
-        if isinstance(label, (list, dict)) or label is None:
-            raise HeadhuntError(f"{path}:{n}: label must be a string, number or boolean")
-        rows.append((p, label))
-    if not by_text:
-        raise HeadhuntError(f"{path} has no rows")
+        rows.append((p, rec["label"]))
     all_labels = [y for _, _, rows in by_text.values() for _, y in rows]
     numeric = all(isinstance(y, (int, float)) and not isinstance(y, bool) for y in all_labels)
     if task == "auto":

@@ -194,6 +194,11 @@ def run(args: argparse.Namespace) -> int:
     from headhunt.rundir import SCORES, RunDir, load_run
 
     common.require(args.batch_size >= 1 and args.shard_size >= 1, "sizes must be at least 1")
+    if args.target == "jsonl":  # a bad file fails now, not after the model loads
+        from headhunt.probes.targets import read_jsonl_rows
+
+        common.require(args.data is not None, "--target jsonl needs --data FILE")
+        read_jsonl_rows(args.data)
     common.seed_everything(args.seed)
     params = parameters(args)
     t0 = time.perf_counter()

@@ -115,6 +115,11 @@ ROWS = [
     # calibrate
     (["calibrate", "--task", "BINARY"], "cannot read task file"),
     (["calibrate", "--task", "no-such-task"], "no bundled task"),
+    # probe: the user's JSONL target (read before the model loads; JSON allows NaN, Infinity)
+    (["probe", "--target", "jsonl", "--data", "NAN_LABELS"], "nan_labels.jsonl:2: label must be"),
+    (["probe", "--target", "jsonl", "--data", "INF_LABELS"], "inf_labels.jsonl:1: label must be"),
+    (["probe", "--target", "jsonl", "--data", "BINARY"], "cannot read"),
+    (["probe", "--target", "jsonl"], "--target jsonl needs --data FILE"),
     # resuming a run whose files are corrupt
     (["sinks", "--out", "CORRUPT_RUN", "--resume"], "manifest.json is unreadable or corrupt"),
     (["sinks", "--out", "CORRUPT_PARTIAL", "--resume"], "parameters.json is unreadable"),
@@ -152,6 +157,10 @@ def _layout(tmp_path):
     (partial / "parameters.json").write_text("{")
     runs["CORRUPT_PARTIAL"] = tmp_path / "corrupt_partial"
     runs["BINARY"] = binary
+    line = '{"text": "the code is blue", "position": 2, "label": %s}\n'
+    for name, labels in (("NAN_LABELS", ["0.5", "NaN"]), ("INF_LABELS", ["-Infinity", "1.5"])):
+        runs[name] = tmp_path / f"{name.lower()}.jsonl"
+        runs[name].write_text("".join(line % y for y in labels))
     return runs
 
 
