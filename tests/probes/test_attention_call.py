@@ -83,3 +83,14 @@ def test_kernels_that_drop_softcap_or_sinks_are_not_used():
     module.headhunt_base = "flash_attention_2"
     assert base_name(module, _call(None, softcap=30.0)) == "flash_attention_2"
     assert base_name(module, _call(None, s_aux=torch.zeros(4))) == "eager"
+
+
+def test_load_model_refuses_a_family_it_cannot_capture(tmp_path):
+    from headhunt.probes import load_model
+    from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
+
+    tiny_causal_lm("bloom").save_pretrained(tmp_path)  # ALiBi, outside the AttentionInterface
+    word_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(HeadhuntError, match="no attention module") as err:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(err.value)
