@@ -4,8 +4,8 @@ activation patching and attribution patching on the model at hand.
 Modules: :mod:`~headhunt.sae.tasks` (prompt pairs), :mod:`~headhunt.sae.activations` (per-head
 outputs), :mod:`~headhunt.sae.discrete` (the SAE), :mod:`~headhunt.sae.scoring` (node and edge
 scores), :mod:`~headhunt.sae.patching` (ground truth, EAP), :mod:`~headhunt.sae.roc`,
-:mod:`~headhunt.sae.circuits` (trials), :mod:`~headhunt.sae.report` (the CLI's run),
-:mod:`~headhunt.sae.planted` (a model with a known circuit).
+:mod:`~headhunt.sae.circuits` (trials), :mod:`~headhunt.sae.report` (what a run reports; the
+run is the ``circuits`` method), :mod:`~headhunt.sae.planted` (a model with a known circuit).
 """
 
 from headhunt.sae.activations import head_outputs

@@ -21,6 +21,7 @@ METHODS: dict[str, str] = {
     "mqar": "headhunt.methods.mqar:MQAR",
     "prune": "headhunt.methods.prune:Prune",
     "kv-eval": "headhunt.methods.kv_eval:KVEval",
+    "circuits": "headhunt.methods.circuits:Circuits",
 }
 
 

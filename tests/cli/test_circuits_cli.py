@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import headhunt.commands.common as common
 from headhunt.cli import main
+from headhunt.engine import ModelSpec
 from headhunt.rundir import load_run
 from headhunt.sae.planted import planted_model
 
@@ -28,7 +28,7 @@ def task_file(tmp_path, planted):
 
 @pytest.fixture
 def use_planted(monkeypatch, planted):
-    monkeypatch.setattr(common, "open_model", lambda args: planted.model)
+    monkeypatch.setattr(ModelSpec, "load", lambda self: planted.model)
 
 
 FAST = ["--trials", "2", "--epochs", "60", "--no-progress", "--no-png"]
@@ -152,7 +152,7 @@ def test_help_is_fast_and_complete():
 
 @pytest.mark.slow
 def test_embedded_model_sae_only(tmp_path, smol, monkeypatch, capsys):
-    monkeypatch.setattr(common, "open_model", lambda args: smol)
+    monkeypatch.setattr(ModelSpec, "load", lambda self: smol)
     out = tmp_path / "smol"
     rc = main(
         [

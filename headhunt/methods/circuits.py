@@ -1,0 +1,525 @@
+"""Circuit heads from discrete SAE codes (O'Neill & Bui 2024), checked against activation
+patching, as a method: the patching ground truth and EAP are compute-once steps (rank 0 computes
+them, every rank reads them), the SAE trials are the units dealt over ranks.
+
+Files written (besides ``manifest.json``):
+
+- ``scores.parquet``: per head, ``sae_node`` (mean |P \\ N| over trials), ``sae_node_norm``,
+  ``sae_pos_only``, ``sae_changed`` (the node rules of ``headhunt.sae.scoring.NodeScores``),
+  ``sae_edge`` (edge-derived head score), ``eap`` (signed, mean over all pairs),
+  ``patching`` (effect in logits), ``patching_norm`` (share of the clean - corrupted gap) and
+  ``truth`` (1 for ground-truth circuit heads).
+- ``auc.json``: per method, ROC AUC mean / std / per trial; the ground-truth rule and heads;
+  ``verdict``: SAE vs EAP vs patching side by side (AUC, seconds) and which to trust.
+- ``circuit.json``: the chosen circuit (by the run's node rule, ``CircuitConfig.node_rule``).
+- ``trials.jsonl``: one record per trial (scores, AUCs, seconds, SAE training draw).
+- ``edges.parquet``: each trial's 100 best head pairs by edge score.
+- ``patching.json``, ``eap.safetensors``: ground truth and per-pair EAP (kept for resuming).
+- ``sae.safetensors`` + ``sae.json``: trial 0's SAE. ``pairs.jsonl``: the prompt pairs.
+- ``roc.html`` / ``roc.png`` and ``heads.html`` / ``heads.png``: plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headhunt.errors import HeadhuntError
+from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+
+TRIALS = "trials.jsonl"
+
+
+@dataclass
+class CircuitsRunConfig(MethodConfig):
+    """A circuits run: the task's prompt pairs, the SAE trials
+    (:class:`headhunt.sae.circuits.CircuitConfig`), the ground truth and the circuit rule."""
+
+    task: str = option(
+        "ioi",
+        "task generated for the model's tokenizer",
+        choices=("ioi", "greater-than", "docstring"),
+    )
+    task_file: str | None = option(
+        None, "your own prompt pairs (JSONL); overrides --task", type=str
+    )
+    pairs: int = option(32, "prompt pairs generated for a task", min=2)
+    trials: int = option(10, "SAE runs, one seed each")
+    sae_examples: int | None = option(
+        None, "prompts each SAE trains on (default: all of a trial's)", type=int
+    )
+    subsample: float = option(0.5, "share of the pairs each trial scores on")
+    position: str = option("last", "where a head's output is read", choices=("mean", "last"))
+    head_norm: str = option(
+        "center",
+        "per-head preprocessing before the SAE: none (the paper's), center (minus the head's "
+        "mean), or standardize (centre, then scale each head to unit mean norm)",
+        choices=("none", "center", "standardize"),
+    )
+    dict_size: int = option(800, "SAE features", min=1)
+    l1: float = option(0.02, "sparsity coefficient (the paper: 0.05 for docstring)")
+    lr: float = option(1e-3, "SAE learning rate")
+    epochs: int = option(500, "SAE training epochs", min=1)
+    edge_top_fraction: float = option(0.5, "share of code pairs kept for the edge scores")
+    truth: bool = option(True, "skip activation patching", flag="--no-truth")
+    eap: bool = option(True, "skip attribution patching", flag="--no-eap")
+    truth_from: str | None = option(
+        None,
+        "reuse the patching ground truth and EAP of a finished run on the same model and "
+        "prompt pairs (e.g. to compare SAE settings without patching again)",
+        type=str,
+    )
+    truth_share: float = option(
+        0.5, "truth = fewest heads whose |patching effect| adds up to this share of the total"
+    )
+    truth_top: int | None = option(
+        None, "truth = this many heads by |effect| instead", type=int, min=1
+    )
+    circuit_size: int | None = option(
+        None, "circuit = this many heads by node score", type=int, min=1
+    )
+    circuit_threshold: float | None = option(
+        None,
+        "circuit = heads whose node-rule score (default: share of pairs whose code changes) "
+        "is above",
+        type=float,
+    )
+    batch_size: int = option(8, "prompt pairs per forward pass", min=1)
+    png: bool = option(True, "plots as HTML only (PNG needs kaleido)", flag="--no-png")
+    progress: bool = option(True, "no progress bars", flag="--no-progress")
+    seed: int = option(0, "random seed", cli=False)
+
+    def sae(self):
+        """The trials' :class:`~headhunt.sae.circuits.CircuitConfig` (validated)."""
+        from headhunt.sae.circuits import CircuitConfig
+
+        return CircuitConfig.from_dict(numbers(self))
+
+    def check(self) -> None:
+        require(
+            self.circuit_size is None or self.circuit_threshold is None,
+            "give --circuit-size or --circuit-threshold, not both",
+        )
+        require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        require(self.l1 >= 0, f"--l1 must not be negative, got {self.l1}")
+        require(
+            0 < self.edge_top_fraction <= 1,
+            f"--edge-top-fraction must be in (0, 1], got {self.edge_top_fraction}",
+        )
+        require(
+            0 < self.truth_share <= 1, f"--truth-share must be in (0, 1], got {self.truth_share}"
+        )
+        if self.truth_from:  # a missing or unfinished run fails now, not after the model loads
+            from headhunt.rundir import load_run
+
+            done = load_run(self.truth_from)
+            require(
+                done.method == "circuits",
+                f"--truth-from {self.truth_from} is a {done.method} run, not a circuits run",
+            )
+        if self.task_file:  # a missing, binary or malformed task file fails before the model loads
+            from headhunt.sae.tasks import read_task_file
+
+            path = Path(self.task_file).expanduser()
+            require(path.is_file(), f"no task file at {path}")
+            try:
+                path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise HeadhuntError(f"--task-file {path} is not UTF-8 text (JSON lines)") from None
+            except OSError as e:
+                raise HeadhuntError(f"cannot read --task-file {path}: {e.strerror or e}") from None
+            read_task_file(path)
+        self.sae()
+
+
+def numbers(c: CircuitsRunConfig) -> dict[str, Any]:
+    """What decides the numbers of a run (a resumed run must match them); the circuit rule,
+    batch size, plots and --truth-from do not."""
+    return {
+        "task": None if c.task_file else c.task,
+        "task_file": str(Path(c.task_file).expanduser().resolve()) if c.task_file else None,
+        "pairs": c.pairs,
+        "trials": c.trials,
+        "sae_examples": c.sae_examples,
+        "subsample": c.subsample,
+        "position": c.position,
+        "head_norm": c.head_norm,
+        "dict_size": c.dict_size,
+        "l1": c.l1,
+        "lr": c.lr,
+        "epochs": c.epochs,
+        "edge_top_fraction": c.edge_top_fraction,
+        "truth": c.truth,
+        "eap": c.eap,
+        "truth_share": None if c.truth_top is not None else c.truth_share,
+        "truth_top": c.truth_top,
+        "seed": c.seed,
+    }
+
+
+class Circuits(Method):
+    name = "circuits"
+    Config = CircuitsRunConfig
+    metric = "sae_node"
+    help = "circuit heads from discrete SAE codes"
+    description = """\
+Find the heads of a task's circuit with discrete sparse autoencoders (O'Neill & Bui 2024): one
+SAE over every head's output turns each head's output on a prompt into an integer code; a head
+scores by the codes it takes on positive prompts and never on negative ones (node score), or by
+the code pairs it forms with other heads (edge score).
+
+Unless --no-truth, the same prompt pairs give the ground truth for this model: per-head
+activation patching (clean into corrupted, effect on the logit difference), binarised by
+--truth-share or --truth-top. Each method's ROC AUC against it is reported over --trials seeds,
+with attribution patching (EAP) as the fast baseline, and every method's runtime.
+
+Tasks: ioi, greater-than, docstring (generated for the model's tokenizer), or --task-file: JSON
+lines {"positive": ..., "negative": ..., "answer": " Mary", "wrong": " John"} ("answer" and
+"wrong" may be lists; both are needed for the ground truth and EAP, not for the SAE scores).
+SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-examples 10
+--position mean --head-norm none --dict-size 200."""
+    units = "trials"
+
+    def parameters(self, config: CircuitsRunConfig, model: str) -> dict[str, Any]:
+        return {"model": model, **numbers(config)}
+
+    def run(self, model, config: CircuitsRunConfig, ctx):
+        import numpy as np
+
+        from headhunt.heads.scores import HeadScores
+        from headhunt.sae import activations, report, roc, scoring
+        from headhunt.sae.circuits import NODE_RULES, Trial, run_trial, summarize
+
+        L, H = model.n_layers, model.n_heads
+        params, sae_config = numbers(config), config.sae()
+        progress = config.progress and ctx.show_progress
+        pairs = report.load_pairs(model, params, config.task_file)
+        # A prompt longer than the context would fail only after minutes of capture and patching.
+        longest = max(len(ids) for ids in [*pairs.positive, *pairs.negative])
+        require(
+            longest <= model.max_context,
+            f"a prompt has {longest} tokens, more than the model's context ({model.max_context})",
+        )
+        if ctx.is_main:
+            text = "".join(json.dumps(p.to_dict()) + "\n" for p in pairs.pairs)
+            _write_atomic(ctx.path("pairs.jsonl"), lambda tmp: tmp.write_text(text))
+            if config.truth_from:
+                _reuse_truth(config.truth_from, model, ctx, params)
+        timings = ctx.timings
+
+        t0 = time.perf_counter()
+        acts = activations.head_outputs(
+            model,
+            pairs.positive + pairs.negative,
+            position=sae_config.position,
+            batch_size=2 * config.batch_size,
+            progress=progress,
+        )
+        timings["capture"] = time.perf_counter() - t0
+
+        def once(compute: Callable[[], Any]) -> Any:
+            """Rank 0 computes (or reads back) a step; the other ranks read what it wrote."""
+            value = compute() if ctx.is_main else None
+            ctx.wait()
+            return value if ctx.is_main else compute()
+
+        truth = effect = None
+        patch: dict[str, Any] = {}
+        if config.truth:
+            patch = once(lambda: _patching(model, pairs, ctx, config.batch_size, progress))
+            timings["patching"] = patch["seconds"]
+            effect = np.asarray(patch["effect"])
+            truth = roc.binarize_truth(
+                effect, share=sae_config.truth_share, top=sae_config.truth_top
+            ).ravel()
+        eap_pairs = None
+        if config.eap:
+            eap_pairs, timings["eap"] = once(
+                lambda: _eap(model, pairs, ctx, config.batch_size, progress)
+            )
+
+        # The trials: dealt over the ranks, each saved as it finishes (trial 0's SAE first, so
+        # a resume that skips trial 0 finds its SAE).
+        plan = list(range(sae_config.trials))
+        done = ctx.done(TRIALS, key=lambda r: r["index"])
+        from tqdm.auto import tqdm
+
+        for t in tqdm(ctx.todo(plan, done), desc="SAE trials", disable=not progress, leave=False):
+            trial = run_trial(t, acts, sae_config, eap_pairs=eap_pairs, truth=truth)
+            if t == 0 and trial.sae is not None:
+                _save_sae(trial.sae, ctx)
+            ctx.append(TRIALS, trial.record())
+        ctx.wait()
+        records = ctx.collect(TRIALS, plan, key=lambda r: r["index"])
+        if records is None:
+            return None
+        trials = [Trial.from_record(r) for r in records]
+        timings["sae_train_per_trial"] = float(np.mean([t.seconds["sae_train"] for t in trials]))
+        timings["sae_score_per_trial"] = float(np.mean([t.seconds["sae_score"] for t in trials]))
+        timings["sae_method"] = (
+            timings["capture"] + timings["sae_train_per_trial"] + timings["sae_score_per_trial"]
+        )
+
+        sae_scores = report.mean_scores(trials)
+        rule_key = NODE_RULES[sae_config.node_rule]
+
+        def table(metric: str, values) -> HeadScores:
+            return HeadScores.from_matrix(
+                metric, np.asarray(values).reshape(L, H), n_kv_heads=model.n_kv_heads
+            )
+
+        tables = [table(k, v) for k, v in sae_scores.items()]
+        if eap_pairs is not None:
+            tables.append(table("eap", eap_pairs.mean(0)))
+        if effect is not None:
+            tables += [
+                table("patching", effect),
+                table("patching_norm", patch["normalised"]),
+                table("truth", truth.astype(float)),
+            ]
+        _write_edges(ctx, trials, L, H)
+
+        ranking = sae_scores[rule_key].reshape(L, H)
+        if config.circuit_threshold is not None:
+            chosen = scoring.circuit(ranking, threshold=config.circuit_threshold)
+            rule = f"{rule_key} > {config.circuit_threshold}"
+        else:
+            size = config.circuit_size or (int(truth.sum()) if truth is not None else 10)
+            chosen = scoring.circuit(ranking, size=min(size, L * H))
+            rule = f"top {size} heads by {rule_key}"
+        truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
+        circuit = {"rule": rule, "heads": chosen}
+        ctx.write_json("circuit.json", circuit)
+        summary = summarize(trials) if truth is not None else {}
+        truth_rule = (
+            f"top {sae_config.truth_top} heads by |patching effect|"
+            if sae_config.truth_top is not None
+            else f"fewest heads covering {sae_config.truth_share:.0%} of total |patching effect|"
+        )
+        auc = {
+            "methods": summary,
+            "truth_rule": truth_rule,
+            "truth_heads": truth_heads,
+            "clean_metric": patch.get("clean_metric"),
+            "corrupt_metric": patch.get("corrupt_metric"),
+            "spearman_vs_abs_effect": report.spearman(sae_scores, eap_pairs, effect),
+            "node_rule": rule_key,
+            "verdict": report.verdict(summary, timings, rule_key),
+        }
+        ctx.write_json("auc.json", auc)
+        plot_notes = _plots(
+            ctx, sae_scores, rule_key, summary, eap_pairs, effect, truth, L, H, params, config.png
+        )
+        truth_from = str(Path(config.truth_from).resolve()) if config.truth_from else None
+        ctx.extra.update(
+            n_pairs=len(pairs),
+            auc={k: {"mean": v["mean"], "std": v["std"]} for k, v in summary.items()},
+            circuit=circuit,
+            truth_heads=truth_heads,
+            plots=plot_notes,
+            truth_from=truth_from,
+            trust=auc["verdict"]["trust"],
+        )
+        if "patching" in timings:
+            ctx.extra["speedup_vs_patching"] = timings["patching"] / timings["sae_method"]
+        return HeadScores.concat(tables)
+
+    def show(self, run, top: int) -> None:
+        """The AUC table, the best heads, the timings and the verdict."""
+        import pandas as pd
+
+        from headhunt.sae.report import METHOD_NAMES
+
+        m = run.manifest
+        auc = run.json("auc.json")
+        if auc["methods"]:
+            rows = [
+                {
+                    "method": METHOD_NAMES.get(k, k),
+                    "ROC AUC mean": v["mean"],
+                    "std": v["std"],
+                    "spearman": auc["spearman_vs_abs_effect"].get(k, float("nan")),
+                }
+                for k, v in auc["methods"].items()
+            ]
+            print_table(
+                pd.DataFrame(rows),
+                title=f"vs patching ground truth: {auc['truth_rule']}, "
+                f"{len(auc['truth_heads'])} heads; {m['parameters']['trials']} trials",
+            )
+        df = run.scores().df.pivot_table(index=["layer", "head"], columns="metric", values="value")
+        rule_key = auc.get("node_rule", "sae_node")
+        df = df.sort_values([rule_key, "sae_node"], ascending=False).head(top).reset_index()
+        # The run's rule, the paper's, and what they are checked against (all in scores.parquet).
+        cols = dict.fromkeys(["layer", "head", rule_key, "sae_node", "eap", "patching", "truth"])
+        print_table(
+            df[[c for c in cols if c in df.columns]],
+            title=f"heads by SAE node score ({METHOD_NAMES[rule_key]})",
+        )
+        line = ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items())
+        print(f"timings: {line}")
+        v = auc.get("verdict")
+        if v:
+            side = [
+                {"method": k, "ROC AUC vs patching": r["auc"], "seconds": r["seconds"]}
+                for k, r in v["methods"].items()
+            ]
+            print_table(pd.DataFrame(side), title="SAE vs EAP vs patching (SAE: capture + 1 trial)")
+            print(f"trust: {v['trust']}")
+
+
+def _reuse_truth(src: str, model, ctx, params: dict[str, Any]) -> None:
+    """Copy the ground truth and EAP of a finished run made on the same model and pairs."""
+    import shutil
+
+    from headhunt.rundir import load_run
+
+    done = load_run(src)
+    if done.method != "circuits":
+        raise HeadhuntError(f"{src} is a {done.method} run, not a circuits run")
+    if done.manifest.get("model") != model.describe():
+        raise HeadhuntError(f"{src} was made with another model")
+    if (done.path / "pairs.jsonl").read_text() != ctx.path("pairs.jsonl").read_text():
+        raise HeadhuntError(f"{src} used other prompt pairs (task, --pairs and --seed must match)")
+    for name, wanted in (("patching.json", params["truth"]), ("eap.safetensors", params["eap"])):
+        if not wanted or ctx.path(name).is_file():
+            continue
+        if not (done.path / name).is_file():
+            raise HeadhuntError(f"{src} has no {name}")
+        _write_atomic(ctx.path(name), lambda tmp, n=name: shutil.copy(done.path / n, tmp))
+
+
+def _patching(model, pairs, ctx, batch_size: int, progress: bool) -> dict[str, Any]:
+    """Per-head activation patching, once per run (kept in ``patching.json``)."""
+    from headhunt.sae import patching
+
+    def compute() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        res = patching.activation_patching(model, pairs, batch_size=batch_size, progress=progress)
+        return {
+            "effect": res.effect.tolist(),
+            "normalised": res.normalised.tolist(),
+            "clean_metric": res.clean_metric,
+            "corrupt_metric": res.corrupt_metric,
+            "shortcut": res.shortcut,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    return ctx.step("patching.json", compute)
+
+
+def _eap(model, pairs, ctx, batch_size: int, progress: bool):
+    """Per-pair attribution patching, once per run (kept in ``eap.safetensors``)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from headhunt.sae import patching
+
+    path = ctx.path("eap.safetensors")
+    if path.is_file():
+        got = load_file(str(path))
+        return got["per_pair"].flatten(1).numpy(), float(got["seconds"])
+    t0 = time.perf_counter()
+    per_pair = patching.attribution_patching(
+        model, pairs, batch_size=batch_size, per_pair=True, progress=progress
+    )
+    seconds = time.perf_counter() - t0
+    tensors = {"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}
+    _write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
+    return per_pair.flatten(1).numpy(), seconds
+
+
+def _write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)``, made durable, then renamed to ``path``: a crash never leaves half a file
+    (an interrupted run's ``.*.tmp`` files are dropped when it resumes)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save_sae(sae, ctx) -> None:
+    """Trial 0's SAE, as ``DiscreteSAE.save`` writes it (``sae.safetensors`` + ``sae.json``),
+    each file atomically."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
+    _write_atomic(ctx.path("sae.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
+    ctx.write_json("sae.json", sae.config.to_dict())
+
+
+def _write_edges(ctx, trials, L: int, H: int) -> None:
+    import pandas as pd
+
+    rows = [
+        {"trial": t.index, "head_a": f"{i // H}.{i % H}", "head_b": f"{j // H}.{j % H}", "edge": v}
+        for t in trials
+        for i, j, v in t.top_edges
+    ]
+    pd.DataFrame(rows, columns=["trial", "head_a", "head_b", "edge"]).to_parquet(
+        ctx.path("edges.parquet"), index=False
+    )
+
+
+def _plots(
+    ctx, sae_scores, rule_key, summary, eap_pairs, effect, truth, L, H, params, png
+) -> list[str]:
+    """ROC curves (of each method's trial-mean score) and head heatmaps; returns notes on
+    anything that could not be written."""
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from headhunt.sae import roc
+    from headhunt.sae.report import METHOD_NAMES
+
+    notes = []
+    task = params.get("task") or Path(params.get("task_file") or "task").stem
+    if truth is not None:
+        scores = dict(sae_scores)
+        if eap_pairs is not None:
+            scores["eap"] = np.abs(eap_pairs.mean(0))
+        curves = {}
+        for k, s in scores.items():
+            c = roc.roc_curve(s, truth)
+            s_ = summary.get(k)
+            label = METHOD_NAMES[k]
+            if s_:
+                label += f": trials {s_['mean']:.3f} ± {s_['std']:.3f}; mean score"
+            curves[label] = c
+        fig = roc.roc_figure(
+            curves, f"{task}: heads vs patching ground truth ({int(truth.sum())} heads)"
+        )
+        note = roc.write_figure(fig, ctx.path("roc.html"), ctx.path("roc.png") if png else None)
+        if note:
+            notes.append(note)
+    panels = [(f"{METHOD_NAMES[rule_key]} (trial mean)", sae_scores[rule_key])]
+    if effect is not None:
+        panels.append(("patching effect (logits)", np.asarray(effect).ravel()))
+    if eap_pairs is not None:
+        panels.append(("EAP (logits)", eap_pairs.mean(0)))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels])
+    for c, (_, v) in enumerate(panels, 1):
+        fig.add_trace(
+            go.Heatmap(
+                z=np.asarray(v).reshape(L, H),
+                colorscale="RdBu" if c > 1 else "Viridis",
+                zmid=0 if c > 1 else None,
+                showscale=False,
+            ),
+            row=1,
+            col=c,
+        )
+        fig.update_xaxes(title_text="head", row=1, col=c)
+        fig.update_yaxes(title_text="layer", row=1, col=c)
+    fig.update_layout(title=f"{task}: per-head scores", width=360 * len(panels), height=640)
+    note = roc.write_figure(fig, ctx.path("heads.html"), ctx.path("heads.png") if png else None)
+    if note:
+        notes.append(note)
+    return notes
