@@ -280,7 +280,7 @@ class StreamingHeads(AttentionHook):
         ix = self.idx[call.layer]
         if not len(ix["stream_kv"]):
             return
-        _check_unpadded(call)
+        _check_plain(call)
         layer = self.cache.layers[call.layer] if self.cache is not None else None
         if layer is not None and layer.pending is not None:
             k, v, k_pos = layer.pending  # call.key already holds only the full heads
@@ -331,8 +331,26 @@ class StreamingHeads(AttentionHook):
         return out
 
 
-def _check_unpadded(call: AttentionCall) -> None:
-    """Refuse padded batches: streaming positions are shared by the whole batch."""
+def _check_plain(call: AttentionCall) -> None:
+    """Streaming heads compute plain causal softmax attention: refuse a layer whose kernel does
+    more (softcap, learned sinks, a sliding window or chunk, bidirectional attention), and padded
+    batches (streaming positions are shared by the whole batch)."""
+    for what, value in (
+        ("a logit softcap", call.softcap),
+        ("learned sink logits", call.sinks),
+        ("a sliding window", call.window),
+        ("chunked attention", call.chunk),
+    ):
+        if value is not None:
+            raise HeadhuntError(
+                f"KV-cache head pruning reproduces plain causal attention only; layer "
+                f"{call.layer} has {what}"
+            )
+    if not call.causal:
+        raise HeadhuntError(
+            f"KV-cache head pruning reproduces causal attention only; layer {call.layer} is "
+            "bidirectional"
+        )
     mask = call.attention_mask
     if mask is None or mask.dtype != torch.bool:
         return  # None: causal without padding; additive masks are built causal by headhunt

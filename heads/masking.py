@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.scores import check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
@@ -61,12 +62,6 @@ def mask_heads(
         >>> with mask_heads(model, [(14, 3), (20, 1)]):
         ...     model.forward(ids)
     """
-    heads = list(heads)
-    for layer, head in heads:
-        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-            raise HeadhuntError(
-                f"head {layer}-{head} is outside the model ({model.n_layers} layers x {model.n_heads} heads)"
-            )
-    hook = HeadMask(heads, mode)
+    hook = HeadMask(check_heads(heads, model.n_layers, model.n_heads), mode)
     with model.hooks(hook, layers=sorted(hook.by_layer)):
         yield hook

@@ -119,10 +119,14 @@ class DecodeArgmax(AttentionHook):
         self.step: list[Tensor | None] = [None] * n_layers
 
     def before(self, call: AttentionCall) -> None:
+        from headhunt.kernels import attention_stats
+
         if call.query.shape[2] != 1:
             return
-        s = call.scores()[:, :, 0]  # [b, hq, nk]
-        self.step[call.layer] = s.argmax(-1) + call.key_start
+        # The kernels' decode path (split-K on CUDA) scores in float32 like the model's own
+        # kernel accumulates, and takes the lowest key on ties.
+        stats = attention_stats(call.query, call.key, key_stats=False, **call.kernel_kwargs())
+        self.step[call.layer] = stats.argmax[:, :, 0] + call.key_start
 
 
 @dataclass

@@ -104,3 +104,19 @@ def test_padded_batches_are_refused():
     mask[0, :3] = 0
     with pytest.raises(HeadhuntError, match="unpadded"), model.hooks(hook):
         model.forward(torch.randint(5, 60, (2, 10)), attention_mask=mask, use_cache=False)
+
+
+@pytest.mark.parametrize(
+    ("family", "what"),
+    [("mistral", "sliding window"), ("gemma2", "softcap|sliding window"), ("gpt_oss", "sink")],
+)
+def test_layers_that_do_more_than_plain_causal_attention_are_refused(family, what):
+    """Streaming heads compute plain causal softmax: a window, softcap or learned sinks would be
+    dropped silently, so such layers are refused in one line."""
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
+
+    model = HookedModel(tiny_causal_lm(family), word_tokenizer(), name=family)
+    hook = StreamingHeads(_plan(model, 0.0), model.n_heads, model.n_kv_heads)
+    with pytest.raises(HeadhuntError, match=what), model.hooks(hook):
+        model.forward(torch.randint(5, 60, (1, 12)), use_cache=False)
