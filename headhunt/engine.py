@@ -175,7 +175,7 @@ def execute(
         raise HeadhuntError("give a model or a model spec")
     method.prepare(config)  # everything checkable without the model fails now
     name = spec.spec if model is None else _model_name(model)
-    params = method.parameters(config, name)
+    params = method.run_parameters(config, name, spec)
     dist = distributed.init()
     finished = False
     try:

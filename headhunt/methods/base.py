@@ -180,6 +180,13 @@ class Method:
         """What decides the numbers of a run (``parameters.json``; a resume must match)."""
         return {**config.to_dict(), "model": model}
 
+    def run_parameters(
+        self, config: MethodConfig, model: str, spec: ModelSpec | None
+    ) -> dict[str, Any]:
+        """``parameters.json`` of a run of ``model`` (loaded by ``spec``, or None for a model in
+        memory): :meth:`parameters`, unless a method also keeps a loading option there."""
+        return self.parameters(config, model)
+
     def run(self, model: HookedModel, config: MethodConfig, ctx: RunContext) -> HeadScores | None:
         """Compute into ``ctx``; return the scores (rank 0) or None (other ranks)."""
         raise NotImplementedError

@@ -188,6 +188,11 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
     def parameters(self, config: CircuitsRunConfig, model: str) -> dict[str, Any]:
         return {"model": model, **numbers(config)}
 
+    def run_parameters(self, config: CircuitsRunConfig, model: str, spec) -> dict[str, Any]:
+        # The dtype decides the numbers too: a resume with another --dtype is refused (None:
+        # a model in memory, already in its dtype).
+        return {"model": model, "dtype": spec.dtype if spec else None, **numbers(config)}
+
     def run(self, model, config: CircuitsRunConfig, ctx):
         import numpy as np
 

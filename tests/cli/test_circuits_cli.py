@@ -41,6 +41,8 @@ def test_run_writes_a_complete_run_directory(tmp_path, task_file, use_planted, c
     run = load_run(out)
     m = run.manifest
     assert m["method"] == "circuits" and m["n_pairs"] == 10
+    assert list(m["parameters"])[:3] == ["model", "dtype", "task"]  # as the old command wrote
+    assert m["parameters"]["dtype"] == "auto"  # a resume with another --dtype is refused
     for name in (
         "scores.parquet",
         "auc.json",
@@ -76,6 +78,8 @@ def test_run_writes_a_complete_run_directory(tmp_path, task_file, use_planted, c
     # a finished run is reprinted with --resume, not recomputed
     assert main(args + FAST + ["--resume"]) == 0
     assert "heads by SAE node score" in capsys.readouterr().out
+    assert main(args + FAST + ["--resume", "--dtype", "float16"]) == 2
+    assert "other parameters (dtype)" in capsys.readouterr().err
 
 
 def test_sae_only_run_without_answers(tmp_path, use_planted):
