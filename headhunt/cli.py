@@ -1,8 +1,8 @@
 """The `headhunt` command line: one subcommand per method.
 
 A method in the registry (``headhunt.methods``) gets its subcommand from its config's fields
-(``headhunt/commands/method.py``); the others still live in ``headhunt/commands/<name>.py``
-with ``add_parser(subparsers)`` (which sets ``func``). Heavy imports (torch, transformers) wait
+(``headhunt/commands/method.py``); the commands that make no run (``app``, ``export``) live
+in ``headhunt/commands/<name>.py`` with ``add_parser(subparsers)`` (which sets ``func``). Heavy imports (torch, transformers) wait
 until a command runs, so ``--help`` stays fast.
 """
 

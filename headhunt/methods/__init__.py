@@ -22,6 +22,7 @@ METHODS: dict[str, str] = {
     "prune": "headhunt.methods.prune:Prune",
     "kv-eval": "headhunt.methods.kv_eval:KVEval",
     "circuits": "headhunt.methods.circuits:Circuits",
+    "probe": "headhunt.methods.probe:Probe",
 }
 
 

@@ -120,6 +120,10 @@ ROWS = [
     (["probe", "--target", "jsonl", "--data", "INF_LABELS"], "inf_labels.jsonl:1: label must be"),
     (["probe", "--target", "jsonl", "--data", "BINARY"], "cannot read"),
     (["probe", "--target", "jsonl"], "--target jsonl needs --data FILE"),
+    (["probe"], "--target is required"),
+    (["probe", "--target", "ngram", "--data", "x.jsonl"], "--data is only for --target jsonl"),
+    (["probe", "--target", "ngram", "--texts", "0"], "--texts must be at least 1"),
+    (["probe", "--target", "ngram", "--shard-size", "0"], "sizes must be at least 1"),
     # resuming a run whose files are corrupt
     (["sinks", "--out", "CORRUPT_RUN", "--resume"], "manifest.json is unreadable or corrupt"),
     (["sinks", "--out", "CORRUPT_PARTIAL", "--resume"], "parameters.json is unreadable"),

@@ -4,7 +4,7 @@ uninterrupted run's (issue 18's fault-injection test).
 Each method is killed several times in a row before the final resume: three times in the middle
 of a durable write (``HEADHUNT_KILL_AT_WRITE=N``: half of the N-th record or atomic file is on
 disk, then SIGKILL), and twice at a random moment after the run folder appeared (seeded, so a
-failure replays). That is 30 kills over six methods, sinks' last one on a two-process group
+failure replays). That is 35 kills over seven methods, sinks' last one on a two-process group
 (the launcher is killed; its workers die with it)."""
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def case_argv(method: str, model: Path, data: Path) -> list[str]:
         return ["kv-eval", *common, "--fractions", "0,0.5,1", "--lengths", "150", "--depths",
                 "50", "--needles", "passkey", "--tasks", "mk_niah", "--task-repeats", "1",
                 "--random-draws", "2", "--sink", "2", "--recent", "16"]  # fmt: skip
+    if method == "probe":
+        return ["probe", *common, "--target", "jsonl", "--data", str(data / "probe.jsonl"),
+                "--folds", "2", "--grid", "0.1,1", "--heads", "--shard-size", "4",
+                "--drop-states"]  # fmt: skip
     return ["circuits", *common, "--task-file", str(data / "pairs.jsonl"), "--truth-top", "2",
             "--trials", "3", "--epochs", "30", "--batch-size", "4", "--no-progress",
             "--no-png"]  # fmt: skip
@@ -71,6 +75,11 @@ def data(tmp_path_factory) -> Path:
             }
         )
     (folder / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    rows = [
+        {"text": f"the {thing} is {COLOURS[i % 3][0]}", "substring": thing, "label": i % 2}
+        for i, thing in enumerate(THINGS + THINGS[::-1])
+    ]
+    (folder / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
@@ -117,7 +126,9 @@ def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("method", ["retrieval", "sinks", "ngram", "mqar", "circuits", "kv-eval"])
+@pytest.mark.parametrize(
+    "method", ["retrieval", "sinks", "ngram", "mqar", "circuits", "kv-eval", "probe"]
+)
 def test_kill_9_then_resume_gives_the_uninterrupted_run(method, tiny_folder, data, tmp_path):
     argv = case_argv(method, tiny_folder, data)
     ref, out = tmp_path / "ref", tmp_path / "run"
