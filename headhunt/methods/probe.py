@@ -157,6 +157,7 @@ class Probe(Method):
         "the states."
     )
     units = "probes (layers and heads)"
+    top = 10
 
     def run_parameters(self, config: ProbeRunConfig, model: str, spec) -> dict[str, Any]:
         # Every option but those that change nothing, as the command always wrote them
@@ -280,7 +281,7 @@ class Probe(Method):
         from headhunt.probes.linear import ProbeConfig
 
         score = ProbeConfig.from_dict(run.manifest["probe"]).score_name
-        _print(run.scores().df, score)
+        _print(run.scores().df, score, top)
         note = getattr(self, "_note", None)
         if note:
             print(note)
@@ -325,8 +326,8 @@ def _load(path) -> dict:
     return load_file(str(path))
 
 
-def _print(df, score: str) -> None:
-    """The per-layer table of the residual-stream probes (and the best heads, if any)."""
+def _print(df, score: str, top: int) -> None:
+    """The per-layer table of the residual-stream probes (and the ``top`` best heads, if any)."""
     resid = df[df["head"] < 0]
     table = resid.pivot_table(index="layer", columns="metric", values="value").reset_index()
     cols = [
@@ -348,5 +349,5 @@ def _print(df, score: str) -> None:
     print_table(table, title=f"probe {score} per layer (held-out texts)")
     heads = df[(df["head"] >= 0) & (df["metric"] == score)]
     if len(heads):
-        best = heads.sort_values("value", ascending=False).head(10)
+        best = heads.sort_values("value", ascending=False).head(top)
         print_table(best[["layer", "head", "value"]], title=f"best heads by {score}")
