@@ -7,8 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from headhunt.engine import seed_everything  # noqa: F401  (the commands import it from here)
-from headhunt.methods.base import print_table, require  # noqa: F401
+from headhunt.methods.base import require  # noqa: F401  (the generated subcommand uses it)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -104,16 +103,3 @@ def comma_list(kind: Callable[[str], Any], name: str = "value") -> Callable[[str
             ) from None
 
     return parse
-
-
-def open_model(args: argparse.Namespace):
-    """Load the model the shared options name."""
-    from headhunt.probes.hooked import load_model
-
-    return load_model(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        device_map=getattr(args, "device_map", None),
-    )
