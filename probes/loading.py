@@ -149,6 +149,10 @@ def _load_gguf(path: Path, **placement):
     return model, tok
 
 
+# Any of these files means a folder carries a tokenizer that AutoTokenizer can read.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _load_folder(
     folder: Path | str,
     *,
@@ -163,6 +167,11 @@ def _load_folder(
     a float32 copy in host memory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if isinstance(folder, Path) and not any((folder / f).exists() for f in _TOKENIZER_FILES):
+        raise HeadhuntError(
+            f"{folder} has no tokenizer ({', '.join(_TOKENIZER_FILES)}): save the model's "
+            "tokenizer beside its weights"
+        )
     placement = {"dtype": "float32"}
     if device_map is not None:
         placement = {"device_map": device_map, "dtype": dtype or "float32"}

@@ -74,3 +74,13 @@ def test_bf16_load_keeps_the_rotary_frequencies_in_float32(tiny_folder):
     # transformers keeps inv_freq in float32 in bf16 models: position x a bf16-rounded
     # frequency is off by radians at a few thousand tokens.
     assert model.model.model.rotary_emb.inv_freq.dtype == torch.float32
+
+
+def test_a_folder_without_a_tokenizer_is_refused_in_one_line(tmp_path):
+    """transformers' own message blames sentencepiece; the folder's missing tokenizer is the cause."""
+    from headhunt.probes.hooked import load_model
+    from headhunt.probes.tiny import tiny_llama
+
+    tiny_llama().model.save_pretrained(tmp_path)
+    with pytest.raises(HeadhuntError, match="has no tokenizer"):
+        load_model(str(tmp_path), device="cpu")
