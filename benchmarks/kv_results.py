@@ -37,7 +37,9 @@ def prune_part(model, scores: np.ndarray, out: Path, unit: str) -> None:
     print(f"prune sweep: {len(table)} rows in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def kv_part(model, scores: np.ndarray, out: Path, lengths: list[int]) -> None:
+def kv_part(
+    model, scores: np.ndarray, out: Path, lengths: list[int], fractions: list[float], repeats: int
+) -> None:
     from headhunt.heads.kv_eval import (
         KVEvalConfig,
         build_eval_trials,
@@ -46,7 +48,9 @@ def kv_part(model, scores: np.ndarray, out: Path, lengths: list[int]) -> None:
         summarize,
     )
 
-    cfg = KVEvalConfig(lengths=lengths, task_repeats=3, random_draws=3, batch_size=32)
+    cfg = KVEvalConfig(
+        fractions=fractions, lengths=lengths, task_repeats=repeats, random_draws=3, batch_size=32
+    )
     trials = build_eval_trials(model, cfg)
     t0 = time.perf_counter()
     table = kv_eval(model, cfg, kv_rankings(model, cfg, scores), trials, progress=False)
@@ -115,6 +119,13 @@ def main() -> None:
     p.add_argument("--unit", default="head", help="structural pruning unit: head or kv")
     p.add_argument("--kv-lengths", default="2000,4000")
     p.add_argument("--length-8b", type=int, default=32768)
+    p.add_argument("--kv-fractions", default="0,0.1,0.25,0.5,0.75,1")
+    p.add_argument(
+        "--kv-repeats", type=int, default=3, help="RULER-like trials per task and length"
+    )
+    p.add_argument(
+        "--scores", default=str(SCORES), help="retrieval scores: .parquet or .npy matrix"
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,9 +135,14 @@ def main() -> None:
 
         model = load_model(args.model)
         print(model.describe(), torch.cuda.get_device_name(), flush=True)
-        scores = HeadScores.read_parquet(SCORES).matrix("retrieval_score")
+        if args.scores.endswith(".npy"):  # a [layers, heads] matrix (no pyarrow needed)
+            scores = np.load(args.scores)
+        else:
+            scores = HeadScores.read_parquet(args.scores).matrix("retrieval_score")
         if "kv" in parts:
-            kv_part(model, scores, out, [int(x) for x in args.kv_lengths.split(",")])
+            lengths = [int(x) for x in args.kv_lengths.split(",")]
+            fractions = [float(x) for x in args.kv_fractions.split(",")]
+            kv_part(model, scores, out, lengths, fractions, args.kv_repeats)
         if "prune" in parts:
             prune_part(model, scores, out, args.unit)
         del model
