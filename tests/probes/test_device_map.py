@@ -169,10 +169,10 @@ def test_dispatch_in_bf16_keeps_the_rotary_frequencies_in_float32():
 @pytest.mark.parametrize("where", ["cpu", pytest.param("two_gpus", marks=pytest.mark.gpu)])
 def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
     # The planted model (sae/planted.py) is built in memory, so the command gets it through
-    # open_model: once whole, once dispatched over two devices (layer 2, which holds the
+    # the engine's ModelSpec.load: once whole, once dispatched over two devices (layer 2, which holds the
     # planted heads, on the second). Capture, SAE, patching and EAP (gradients through the
     # split model) must find the same circuit with the same patching effects.
-    import headhunt.commands.common as common
+    from headhunt.engine import ModelSpec
     from headhunt.sae.planted import planted_model
 
     if where == "two_gpus" and torch.cuda.device_count() < 2:
@@ -186,7 +186,7 @@ def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
 
     whole = planted_model().model
     whole.model.to(first)
-    monkeypatch.setattr(common, "open_model", lambda args: whole)
+    monkeypatch.setattr(ModelSpec, "load", lambda self: whole)
     assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
 
     p = planted_model()
@@ -197,7 +197,7 @@ def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
         tokenizer=p.model.tokenizer,
         name="planted-split",
     )
-    monkeypatch.setattr(common, "open_model", lambda args: split)
+    monkeypatch.setattr(ModelSpec, "load", lambda self: split)
     assert main([*argv, "--out", str(tmp_path / "split")]) == 0
 
     a, b = (pd.read_parquet(tmp_path / d / "scores.parquet") for d in ("whole", "split"))
