@@ -30,7 +30,12 @@ from headhunt.heads.kvcache import (
     rank_kv_heads,
 )
 from headhunt.heads.needles import NEEDLES, read_haystack
-from headhunt.heads.retrieval import RetrievalConfig, build_trials, stop_token_ids
+from headhunt.heads.retrieval import (
+    FRESH_SEED_OFFSET,
+    RetrievalConfig,
+    build_trials,
+    stop_token_ids,
+)
 from headhunt.heads.ruler import MAX_NEW_TOKENS, TASKS, TaskTrial, build_ruler, from_needles
 from headhunt.probes.hooked import HookedModel
 
@@ -102,7 +107,7 @@ def build_eval_trials(model: HookedModel, config: KVEvalConfig) -> list[TaskTria
             depths=config.depths,
             needles=config.needles,
             max_new_tokens=MAX_NEW_TOKENS["needle"],
-            seed=config.seed + 1_000_003,
+            seed=config.seed + FRESH_SEED_OFFSET,
             haystack=config.haystack,
         )
         trials += from_needles(build_trials(model, grid))

@@ -32,7 +32,12 @@ from headhunt.heads.pruning import (
     ranked_heads,
     text_windows,
 )
-from headhunt.heads.retrieval import RetrievalConfig, build_trials, stop_token_ids
+from headhunt.heads.retrieval import (
+    FRESH_SEED_OFFSET,
+    RetrievalConfig,
+    build_trials,
+    stop_token_ids,
+)
 from headhunt.probes.hooked import HookedModel
 
 
@@ -96,7 +101,7 @@ def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
         needles=config.needles,
         repeats=config.repeats,
         max_new_tokens=config.max_new_tokens,
-        seed=config.seed + 1_000_003,
+        seed=config.seed + FRESH_SEED_OFFSET,
         haystack=config.haystack,
     )
     text = read_haystack(config.haystack)

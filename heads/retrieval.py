@@ -36,6 +36,11 @@ from headhunt.probes.hooked import HookedModel
 METRIC = "retrieval_score"
 
 
+# Checks on fresh trials (ablation, pruning, KV-cache evaluation) draw their needles from the
+# seed plus this offset: another stream than any scoring run's, so other answers and offsets.
+FRESH_SEED_OFFSET = 1_000_003
+
+
 @dataclass
 class RetrievalConfig:
     """The needle-in-a-haystack grid.

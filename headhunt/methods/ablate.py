@@ -41,7 +41,7 @@ class AblateConfig(MethodConfig):
 
     def trials(self):
         """Fresh trials: another seed stream than any scoring run's (other answers, offsets)."""
-        from headhunt.heads.retrieval import RetrievalConfig
+        from headhunt.heads.retrieval import FRESH_SEED_OFFSET, RetrievalConfig
 
         return RetrievalConfig(
             lengths=self.lengths,
@@ -49,7 +49,7 @@ class AblateConfig(MethodConfig):
             needles=self.needles,
             repeats=self.repeats,
             max_new_tokens=self.max_new_tokens,
-            seed=self.seed + 1_000_003,
+            seed=self.seed + FRESH_SEED_OFFSET,
             haystack=self.haystack,
         )
 
