@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_kernels import _time  # benchmarks/ is on the path when run as a script
 
 # label: (query heads, kv heads, head dim, window): Mistral/Llama 3 8B-like, gpt-oss-like
 # (window 128, sinks), Gemma 2 9B-like (window 4096, softcap 50, d 256).
@@ -39,12 +40,6 @@ LAYOUTS = {
     "16q8kv-d256": (16, 8, 256, 4096),
 }
 SOFTCAP = 50.0
-
-
-def _time(fn, rep_ms: int) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
 
 
 def _visible(n: int, window: int | None, pad: int = 0) -> float:
