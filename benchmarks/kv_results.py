@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from headhunt.heads.scores import HeadScores
@@ -58,6 +59,141 @@ def kv_part(
     summarize(table).to_csv(out / "kv_summary.csv", index=False)
     print(f"kv-eval: {len(trials)} trials x {table['ranking'].nunique()} rankings in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
+
+
+def prune_bar_part(
+    model, scores: np.ndarray, out: Path, lengths: list[int], repeats: int, deadline: float
+) -> None:
+    """The pruning bar: the most heads dropped with needle recall within 2 points of the full
+    model. Heads go lowest retrieval score first; heads of equal score (159 of 270 score 0)
+    in order of their masking effect on a calibration set (:func:`masking_effect`), least
+    first. Drop counts grow until two in a row miss the bar (or time runs out); then random
+    draws (and the ranking with random tie-breaks, the old order) at the largest count that
+    held. Every condition answers the same trials: changes are paired, with standard errors."""
+    import copy
+
+    from headhunt.heads.prune_eval import (
+        PruneEvalConfig,
+        masking_effect,
+        materials,
+        measure,
+        needle_trials,
+        summarize,
+    )
+    from headhunt.heads.pruning import prune_model, ranked_heads
+
+    cfg = PruneEvalConfig(
+        lengths=lengths, depths=[0.0, 25.0, 50.0, 75.0, 100.0], repeats=repeats,
+        calibration_repeats=2, batch_size=256,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    effect = masking_effect(model, needle_trials(model, cfg, calibration=True), batch_size=32)
+    np.save(out / "masking_effect.npy", effect)
+    print(f"masking effect of {effect.size} heads in {time.perf_counter() - t0:.1f} s", flush=True)
+    m = materials(model, cfg)
+    n = effect.size
+    orders = {
+        "headhunt": ranked_heads(scores, "top", 0, secondary=effect),
+        "headhunt_random_ties": ranked_heads(scores, "top", 0),
+    }
+    for i in range(5):
+        orders[f"random{i}"] = ranked_heads(scores, "random", 7919 * (i + 1))
+    rows = [{"order": "none", "keep": 1.0, "dropped": 0, **measure(model, m, cfg)}]
+    full = np.asarray(rows[0]["recall"])
+    print(f"full model: recall {full.mean():.2f} on {full.size} trials", flush=True)
+
+    def condition(order: str, k: int) -> float:
+        pruned = copy.deepcopy(model)
+        prune_model(pruned, sorted(orders[order][n - k :]))
+        row = {"order": order, "keep": (n - k) / n, "dropped": k, **measure(pruned, m, cfg)}
+        rows.append(row)
+        d = np.asarray(row["recall"]) - full
+        se = d.std(ddof=1) / np.sqrt(d.size)
+        print(f"{order} -{k}: recall {row['needle_recall']:.2f} change {d.mean():+.2f} "
+              f"(SE {se:.2f}) ppl {row['perplexity']:.2f} [{time.perf_counter() - t0:.0f} s]",
+              flush=True)  # fmt: skip
+        return float(d.mean())
+
+    best, misses = 0, 0
+    for k in (3, 6, 9, 12, 15, 18, 21, 24, 30, 36, 45, 54, 72, 90):
+        if k >= n:
+            break
+        if time.perf_counter() > deadline:
+            print("prune bar: out of time", flush=True)
+            break
+        if condition("headhunt", k) >= -2.0:
+            best, misses = (k if misses == 0 else best), 0
+        else:
+            misses += 1
+            if misses == 2:
+                break
+    at = best or 3
+    for order in ["headhunt_random_ties", *[o for o in orders if o.startswith("random")]]:
+        if time.perf_counter() > deadline + 60:
+            break
+        condition(order, at)
+    (out / "prune_bar.json").write_text(json.dumps({"budget_dropped": best, "rows": rows}) + "\n")
+    summarize(pd.DataFrame(rows)).to_csv(out / "prune_bar.csv", index=False)
+
+
+def kv_bar_part(
+    model,
+    scores: np.ndarray,
+    out: Path,
+    lengths: list[int],
+    needle_repeats: int,
+    task_repeats: int,
+    deadline: float,
+) -> None:
+    """The kv-eval bar: the smallest share of full KV heads (headhunt's ranking) keeping both
+    needle and RULER-like accuracy within 1 point of the full cache, found by lowering the
+    share until two in a row miss; then random draws at that share. Paired trials."""
+    from headhunt.heads import kv_eval as kv
+
+    cfg = kv.KVEvalConfig(
+        fractions=[1.0], lengths=lengths, needle_repeats=needle_repeats,
+        task_repeats=task_repeats, random_draws=3, batch_size=256,
+    )  # fmt: skip
+    trials = kv.build_eval_trials(model, cfg)
+    rankings = kv.kv_rankings(model, cfg, scores)
+    t0 = time.perf_counter()
+    results = {kv.condition_key(kv.FULL, 1.0): kv.run_condition(model, trials, None, 1.0, cfg)}
+    conds = [(kv.FULL, 1.0)]
+
+    def run(name: str, f: float) -> tuple[float, float]:
+        results[kv.condition_key(name, f)] = kv.run_condition(model, trials, rankings[name], f, cfg)
+        conds.append((name, f))
+        s = kv.summarize(kv.table_of(conds, results))
+        s = s[(s["ranking"] == name) & (s["fraction"] == f)].set_index("task")
+        print(f"{name} {f:g}: " + ", ".join(
+            f"{t} {s.loc[t, 'accuracy']:.2f} ({s.loc[t, 'change']:+.2f} SE {s.loc[t, 'change_se']:.2f})"
+            for t in ("needle", "ruler")) + f" [{time.perf_counter() - t0:.0f} s]", flush=True)  # fmt: skip
+        return float(s.loc["needle", "change"]), float(s.loc["ruler", "change"])
+
+    best, misses = None, 0
+    for f in (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5):
+        if time.perf_counter() > deadline:
+            print("kv bar: out of time", flush=True)
+            break
+        if min(run("headhunt", f)) >= -1.0:
+            best, misses = (f if misses == 0 else best), 0
+        else:
+            misses += 1
+            if misses == 2:
+                break
+    at = best if best is not None else 0.9
+    for i in range(cfg.random_draws):
+        if time.perf_counter() > deadline + 60:
+            break
+        run(f"random{i}", at)
+    table = kv.table_of(conds, results)
+    table.to_parquet(out / "kv_bar.parquet", index=False)
+    summary = kv.summarize(table)
+    summary.to_csv(out / "kv_bar_summary.csv", index=False)
+    (out / "kv_bar.json").write_text(
+        json.dumps({"smallest_fraction_within": best, "random_at": at, "trials": len(trials)})
+        + "\n"
+    )
 
 
 def llama8b_part(out: Path, length: int) -> None:
@@ -126,11 +262,16 @@ def main() -> None:
     p.add_argument(
         "--scores", default=str(SCORES), help="retrieval scores: .parquet or .npy matrix"
     )
+    p.add_argument("--needle-repeats", type=int, default=5, help="kv-bar: needle trials per cell")
+    p.add_argument("--prune-lengths", default="1000,2000", help="prune-bar: needle lengths")
+    p.add_argument("--prune-repeats", type=int, default=10, help="prune-bar: trials per cell")
+    p.add_argument("--seconds", type=float, default=520, help="prune-bar + kv-bar time budget")
     args = p.parse_args()
+    start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = args.parts.split(",")
-    if {"prune", "kv"} & set(parts):
+    if {"prune", "kv", "prune-bar", "kv-bar"} & set(parts):
         from headhunt.probes.hooked import load_model
 
         model = load_model(args.model)
@@ -145,6 +286,18 @@ def main() -> None:
             kv_part(model, scores, out, lengths, fractions, args.kv_repeats)
         if "prune" in parts:
             prune_part(model, scores, out, args.unit)
+        if "prune-bar" in parts:
+            share = 0.45 if "kv-bar" in parts else 0.85
+            lengths = [int(x) for x in args.prune_lengths.split(",")]
+            prune_bar_part(
+                model, scores, out, lengths, args.prune_repeats, start + share * args.seconds
+            )
+        if "kv-bar" in parts:
+            kv_bar_part(
+                model, scores, out, [int(x) for x in args.kv_lengths.split(",")],
+                args.needle_repeats, args.kv_repeats,
+                start + 0.85 * args.seconds,
+            )  # fmt: skip
         del model
     if "8b" in parts:
         llama8b_part(out, args.length_8b)

@@ -50,7 +50,7 @@ class KVEvalConfig:
         fractions: shares of KV heads that keep the full cache.
         lengths: prompt lengths in tokens (needles and RULER-like tasks alike).
         depths, needles: the needle grid (fresh answers and offsets: another seed stream than
-            a retrieval run's).
+            a retrieval run's); ``needle_repeats`` trials per (length, depth, needle).
         tasks: RULER-like tasks; ``task_repeats`` trials per (task, length).
         random_draws: random rankings.
         sink, recent: what a streaming head keeps (first ``sink`` and last ``recent`` tokens).
@@ -63,6 +63,7 @@ class KVEvalConfig:
     lengths: list[int] = field(default_factory=lambda: [1000, 2000])
     depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
     needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
+    needle_repeats: int = 1
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     task_repeats: int = 2
     random_draws: int = 3
@@ -86,6 +87,8 @@ class KVEvalConfig:
             raise HeadhuntError("sink must be >= 0 and recent >= 1 tokens")
         if self.random_draws < 0 or self.task_repeats < 0 or self.batch_size < 1:
             raise HeadhuntError("random draws and task repeats must be >= 0, batch size >= 1")
+        if self.needle_repeats < 1:
+            raise HeadhuntError("needle repeats must be >= 1")
         if not self.needles and not (self.tasks and self.task_repeats):
             raise HeadhuntError("nothing to evaluate: give needles or tasks")
         bad = [t for t in self.tasks if t not in TASKS] + [
@@ -106,6 +109,7 @@ def build_eval_trials(model: HookedModel, config: KVEvalConfig) -> list[TaskTria
             lengths=config.lengths,
             depths=config.depths,
             needles=config.needles,
+            repeats=config.needle_repeats,
             max_new_tokens=MAX_NEW_TOKENS["needle"],
             seed=config.seed + FRESH_SEED_OFFSET,
             haystack=config.haystack,
@@ -251,11 +255,17 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     group), with ``kv_fraction`` = KV bytes over the full cache's on the same trials. Task
     groups: ``needle``, ``ruler`` (the RULER-like tasks together) and each task. Random
     rankings also appear averaged as ``random``. Fractions 0 and 1 are listed under every
-    ranking (they are the same run)."""
+    ranking (they are the same run).
+
+    Paired against the full cache (every condition answers the same trials): ``change`` is the
+    accuracy change in points and ``change_se`` its standard error over trials (SD of the
+    per-trial score differences / sqrt(trials); for ``random``, of each trial's mean over the
+    draws)."""
     df = table.copy()
     ruler = df[df["task"] != "needle"].assign(task="ruler")
     df = pd.concat([df, ruler], ignore_index=True)
-    full = df[df["ranking"] == FULL].groupby("task")["kv_bytes"].mean()
+    base = df[df["ranking"] == FULL]
+    full = base.groupby("task")["kv_bytes"].mean()
     names = [r for r in dict.fromkeys(df["ranking"]) if r not in (FULL, STREAMING)]
     shared = df[df["ranking"].isin([FULL, STREAMING])]
     parts = [df[~df["ranking"].isin([FULL, STREAMING])]]
@@ -271,7 +281,25 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     )
     out["accuracy"] *= 100
     out["kv_fraction"] = out["kv_bytes"] / out["task"].map(full) if len(full) else np.nan
-    return out
+    if base.empty:
+        return out.assign(change=np.nan, change_se=np.nan)
+    return out.merge(paired_change(df, base), on=["ranking", "fraction", "task"], how="left")
+
+
+def paired_change(df: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    """Per (ranking, fraction, task) of ``df``: mean and standard error of the per-trial score
+    change (x 100) against ``base`` (the full cache's rows)."""
+    per_trial = (
+        df.groupby(["ranking", "fraction", "task", "trial"], sort=False)["score"]
+        .mean()  # ``random``: each trial's mean over the draws
+        .reset_index()
+        .merge(base[["task", "trial", "score"]], on=["task", "trial"], suffixes=("", "_full"))
+    )
+    per_trial["d"] = 100 * (per_trial["score"] - per_trial["score_full"])
+    g = per_trial.groupby(["ranking", "fraction", "task"], sort=False)["d"]
+    out = g.agg(change="mean", sd="std", n="size").reset_index()
+    out["change_se"] = out["sd"].fillna(0.0) / np.sqrt(out["n"])
+    return out[["ranking", "fraction", "task", "change", "change_se"]]
 
 
 def smallest_fraction_within(

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.causal import needle_recall
+from headhunt.heads.masking import HeadMask
 from headhunt.heads.needles import read_haystack
 from headhunt.heads.pruning import (
     Head,
@@ -55,6 +57,9 @@ class PruneEvalConfig:
         batch_size: needle trials decoded together.
         unit: ``head`` (rank and drop query heads) or ``kv`` (rank KV groups by their best query
             head and drop whole groups, so the k/v projections and the KV cache shrink too).
+        calibration_repeats: trials per (length, depth, needle) of the calibration set that
+            :func:`masking_effect` is measured on (a third seed stream: neither the scoring
+            run's nor the evaluation's trials).
     """
 
     keep: list[float] = field(default_factory=lambda: [0.9, 0.75, 0.5])
@@ -71,6 +76,7 @@ class PruneEvalConfig:
     seed: int = 0
     haystack: str | None = None
     unit: str = "head"
+    calibration_repeats: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,24 +100,73 @@ class Materials:
     stop: set[int]
 
 
-def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
+def needle_trials(model: HookedModel, config: PruneEvalConfig, *, calibration: bool = False):
+    """The evaluation's fresh needle trials, or (``calibration``) the calibration set: another
+    seed stream again, so a tie-break measured on it is not fitted to the evaluation."""
     grid = RetrievalConfig(
         lengths=config.lengths,
         depths=config.depths,
         needles=config.needles,
-        repeats=config.repeats,
+        repeats=config.calibration_repeats if calibration else config.repeats,
         max_new_tokens=config.max_new_tokens,
-        seed=config.seed + FRESH_SEED_OFFSET,
+        seed=config.seed + FRESH_SEED_OFFSET * (2 if calibration else 1),
         haystack=config.haystack,
     )
+    return build_trials(model, grid)
+
+
+def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
     text = read_haystack(config.haystack)
     windows = text_windows(model, text, config.ppl_windows, config.ppl_length, config.seed)
     speed = text_windows(model, text, 1, config.speed_length, config.seed + 1)
-    return Materials(build_trials(model, grid), windows, speed, stop_token_ids(model.tokenizer))
+    trials = needle_trials(model, config)
+    return Materials(trials, windows, speed, stop_token_ids(model.tokenizer))
 
 
-def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[str, float]:
-    """Size, speed, perplexity and needle recall of one (pruned or full) model."""
+@torch.inference_mode()
+def answer_nll(model: HookedModel, trials: list, batch_size: int = 8) -> float:
+    """Mean negative log-likelihood (nats per token) of each trial's answer tokens, fed right
+    after its prompt (teacher forcing). The answer tokens are the needle's own (``span``);
+    within a batch every answer is cut to the batch's shortest, so prompts stay one length."""
+    by_length: dict[int, list] = {}
+    for t in trials:
+        by_length.setdefault(t.length, []).append(t)
+    total, count = 0.0, 0
+    for group in by_length.values():
+        for i in range(0, len(group), batch_size):
+            batch = group[i : i + batch_size]
+            m = min(t.span[1] - t.span[0] for t in batch)
+            answers = torch.tensor([t.input_ids[t.span[0] : t.span[0] + m] for t in batch])
+            ids = torch.cat([torch.tensor([t.input_ids for t in batch]), answers], 1)
+            out = model.model(ids.to(model.device), use_cache=False, logits_to_keep=m + 1)
+            logits = out.logits[:, :-1].float()  # position p predicts token p + 1
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                answers.to(logits.device).reshape(-1),
+                reduction="sum",
+            )
+            total, count = total + float(nll), count + answers.numel()
+    return total / count
+
+
+def masking_effect(
+    model: HookedModel, trials: list, batch_size: int = 8, *, progress: bool = False
+) -> Float[np.ndarray, "layers heads"]:
+    """Each head's masking effect: how much zeroing its output alone (``mode="output"``, what
+    pruning it does) raises :func:`answer_nll` on ``trials`` (nats per answer token; higher =
+    the head matters more for recalling needles)."""
+    base = answer_nll(model, trials, batch_size)
+    out = np.zeros((model.n_layers, model.n_heads))
+    for layer in tqdm(range(model.n_layers), desc="masking effect", disable=not progress):
+        for head in range(model.n_heads):
+            with model.hooks(HeadMask([(layer, head)], "output")):
+                out[layer, head] = answer_nll(model, trials, batch_size) - base
+    return out
+
+
+def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[str, Any]:
+    """Size, speed, perplexity and needle recall of one (pruned or full) model; ``recall``
+    holds each trial's ROUGE-1 recall (x 100), in trial order, for paired comparisons."""
     by_length: dict[int, list] = {}
     for t in m.trials:  # a decoding batch holds prompts of one length
         by_length.setdefault(t.length, []).append(t)
@@ -126,22 +181,29 @@ def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[s
             batch_size=config.batch_size,
         )
     ]
+    by_id = dict(zip([t.id for g in by_length.values() for t in g], recall, strict=True))
     return {
         **model_size(model),
         "prefill_s": prefill_seconds(model, m.speed_ids),
         "perplexity": perplexity(model, m.windows),
         "needle_recall": 100 * float(np.mean(recall)),
+        "recall": [100 * by_id[t.id] for t in m.trials],
     }
 
 
 def pruning_orders(
-    matrix: np.ndarray, config: PruneEvalConfig, n_kv_heads: int | None = None
+    matrix: np.ndarray,
+    config: PruneEvalConfig,
+    n_kv_heads: int | None = None,
+    secondary: np.ndarray | None = None,
 ) -> dict[str, list[Head]]:
     """``headhunt`` (highest score kept first), ``reverse`` and ``random0..`` (by KV group
-    when ``n_kv_heads`` is given)."""
+    when ``n_kv_heads`` is given); ``secondary`` orders heads of equal score (see
+    :func:`ranked_heads`)."""
+    kw = {"n_kv_heads": n_kv_heads, "secondary": secondary}
     out = {
-        "headhunt": ranked_heads(matrix, "top", config.seed, n_kv_heads=n_kv_heads),
-        "reverse": ranked_heads(matrix, "reverse", config.seed, n_kv_heads=n_kv_heads),
+        "headhunt": ranked_heads(matrix, "top", config.seed, **kw),
+        "reverse": ranked_heads(matrix, "reverse", config.seed, **kw),
     }
     for i in range(config.draws):
         seed = config.seed + 7919 * (i + 1)
@@ -157,9 +219,11 @@ def prune_sweep(
     done: dict[str, dict[str, Any]] | None = None,
     on_condition: Callable[[str, dict[str, Any]], None] | None = None,
     progress: bool = True,
+    secondary: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """One row per condition: the full model (``order`` "none", keep 1) and every (order,
-    keep) pair, with :func:`measure`'s columns and the dropped heads."""
+    keep) pair, with :func:`measure`'s columns and the dropped heads; ``secondary`` breaks
+    ties of ``matrix`` (e.g. :func:`masking_effect`)."""
     config.validate()
     if matrix.shape != (model.n_layers, model.n_heads):
         raise HeadhuntError(
@@ -168,7 +232,8 @@ def prune_sweep(
         )
     results = dict(done or {})
     m = materials(model, config)
-    orders = pruning_orders(matrix, config, model.n_kv_heads if config.unit == "kv" else None)
+    kv = model.n_kv_heads if config.unit == "kv" else None
+    orders = pruning_orders(matrix, config, kv, secondary)
     conds = prune_conditions(orders, config)
     for order, keep in tqdm(conds, desc="pruning conditions", disable=not progress):
         key = f"{order}@{keep:g}"
@@ -206,13 +271,27 @@ def measure_condition(
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (order, keep): the table with random draws averaged into ``random`` (and kept)."""
+    """Per (order, keep): the table with random draws averaged into ``random`` (and kept),
+    and, with per-trial ``recall`` lists, the paired change of needle recall against the full
+    model (``recall_change``, points) and its standard error over trials
+    (``recall_change_se``: the SD of the per-trial differences / sqrt(trials); for
+    ``random``, of the per-trial mean over draws). The lists themselves are dropped."""
+    table = table.copy()
     randoms = table[table["order"].str.match(r"random\d+$")]
-    if randoms.empty:
-        return table
-    cols = [c for c in table.columns if c not in ("order", "keep")]
-    mean = randoms.groupby("keep", as_index=False)[cols].mean().assign(order="random")
-    return pd.concat([table, mean[table.columns]], ignore_index=True)
+    if not randoms.empty:
+        cols = [c for c in table.columns if c not in ("order", "keep", "recall")]
+        mean = randoms.groupby("keep", as_index=False)[cols].mean().assign(order="random")
+        if "recall" in table:
+            per_trial = randoms.groupby("keep")["recall"].apply(lambda r: np.mean(list(r), 0))
+            mean["recall"] = mean["keep"].map(per_trial)
+        table = pd.concat([table, mean[table.columns]], ignore_index=True)
+    if "recall" in table:
+        full = np.asarray(table[table["order"] == "none"]["recall"].iloc[0])
+        diffs = [np.asarray(r) - full for r in table["recall"]]
+        table["recall_change"] = [float(d.mean()) for d in diffs]
+        table["recall_change_se"] = [float(d.std(ddof=1) / np.sqrt(d.size)) for d in diffs]
+        table = table.drop(columns="recall")
+    return table
 
 
 def largest_budget_within(summary: pd.DataFrame, order: str, points: float = 2.0) -> float | None:

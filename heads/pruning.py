@@ -56,10 +56,12 @@ def ranked_heads(
     seed: int = 0,
     *,
     n_kv_heads: int | None = None,
+    secondary: Float[np.ndarray, "layers heads"] | None = None,
 ) -> list[Head]:
     """All heads, in the order they are kept: ``top`` (highest score first), ``reverse``
-    (lowest first) or ``random``. Ties (and NaN, ranked last) are broken by a seeded random
-    order, so many equal scores do not favour early layers.
+    (lowest first) or ``random``. Ties (and NaN, ranked last) are broken by ``secondary`` (a
+    second per-head signal, in the same direction: higher is kept first by ``top``), then by a
+    seeded random order, so many equal scores do not favour early layers.
 
     With ``n_kv_heads``, whole KV groups are ranked (a group scores its best query head's
     score) and each group's query heads follow one another, so cutting the list at a multiple
@@ -69,11 +71,19 @@ def ranked_heads(
     group = 1 if n_kv_heads is None else heads // n_kv_heads
     units = matrix if group == 1 else kv_scores(matrix, n_kv_heads)
     flat = np.where(np.isnan(units), -np.inf, units).ravel()
+    second = np.zeros(flat.size)
+    if secondary is not None:
+        if secondary.shape != matrix.shape:
+            raise HeadhuntError(
+                f"the tie-break scores cover {secondary.shape}; the ranking's cover {matrix.shape}"
+            )
+        sec = secondary if group == 1 else kv_scores(secondary, n_kv_heads)
+        second = np.where(np.isnan(sec), -np.inf, sec).ravel()
     tiebreak = np.random.default_rng(seed).permutation(flat.size)
     if order == "top":
-        idx = np.lexsort((tiebreak, -flat))
+        idx = np.lexsort((tiebreak, -second, -flat))
     elif order == "reverse":
-        idx = np.lexsort((tiebreak, flat))
+        idx = np.lexsort((tiebreak, second, flat))
     elif order == "random":
         idx = tiebreak
     else:
