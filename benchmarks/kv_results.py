@@ -62,7 +62,14 @@ def kv_part(
 
 
 def prune_bar_part(
-    model, scores: np.ndarray, out: Path, lengths: list[int], repeats: int, deadline: float
+    model,
+    scores: np.ndarray,
+    out: Path,
+    lengths: list[int],
+    repeats: int,
+    deadline: float,
+    drop_counts: list[int],
+    effect_file: str | None = None,
 ) -> None:
     """The pruning bar: the most heads dropped with needle recall within 2 points of the full
     model. Heads go lowest retrieval score first; heads of equal score (159 of 270 score 0)
@@ -87,9 +94,12 @@ def prune_bar_part(
         calibration_repeats=2, batch_size=256,
     )  # fmt: skip
     t0 = time.perf_counter()
-    effect = masking_effect(model, needle_trials(model, cfg, calibration=True), batch_size=32)
-    np.save(out / "masking_effect.npy", effect)
-    print(f"masking effect of {effect.size} heads in {time.perf_counter() - t0:.1f} s", flush=True)
+    if effect_file:  # a masking effect measured earlier (same model, same calibration trials)
+        effect = np.load(effect_file)
+    else:
+        effect = masking_effect(model, needle_trials(model, cfg, calibration=True), batch_size=32)
+        np.save(out / "masking_effect.npy", effect)
+        print(f"masking effect of {effect.size} heads in {time.perf_counter() - t0:.1f} s")
     m = materials(model, cfg)
     n = effect.size
     orders = {
@@ -115,7 +125,7 @@ def prune_bar_part(
         return float(d.mean())
 
     best, misses = 0, 0
-    for k in (3, 6, 9, 12, 15, 18, 21, 24, 30, 36, 45, 54, 72, 90):
+    for k in drop_counts:
         if k >= n:
             break
         if time.perf_counter() > deadline:
@@ -263,6 +273,8 @@ def main() -> None:
         "--scores", default=str(SCORES), help="retrieval scores: .parquet or .npy matrix"
     )
     p.add_argument("--needle-repeats", type=int, default=5, help="kv-bar: needle trials per cell")
+    p.add_argument("--drop-counts", default="3,6,9,12,15,18,21,24,30,36,45,54,72,90")
+    p.add_argument("--masking-effect", default=None, help="prune-bar: a saved masking_effect.npy")
     p.add_argument("--prune-lengths", default="1000,2000", help="prune-bar: needle lengths")
     p.add_argument("--prune-repeats", type=int, default=10, help="prune-bar: trials per cell")
     p.add_argument("--seconds", type=float, default=520, help="prune-bar + kv-bar time budget")
@@ -290,8 +302,9 @@ def main() -> None:
             share = 0.45 if "kv-bar" in parts else 0.85
             lengths = [int(x) for x in args.prune_lengths.split(",")]
             prune_bar_part(
-                model, scores, out, lengths, args.prune_repeats, start + share * args.seconds
-            )
+                model, scores, out, lengths, args.prune_repeats, start + share * args.seconds,
+                [int(x) for x in args.drop_counts.split(",")], args.masking_effect,
+            )  # fmt: skip
         if "kv-bar" in parts:
             kv_bar_part(
                 model, scores, out, [int(x) for x in args.kv_lengths.split(",")],

@@ -104,7 +104,7 @@ def write_duo(
     values = duo_values(matrix, shape.n_kv_heads, full_fraction, seed)
     folder.mkdir(parents=True, exist_ok=True)
     heads = folder / DUO_HEADS
-    np.savetxt(heads, values, delimiter="\t")
+    np.savetxt(heads, values, fmt="%.18e", delimiter="\t")  # as DuoAttention saves it
     config = {
         "sink_size": int(sink),
         "recent_size": int(recent),
@@ -256,22 +256,96 @@ def export(
     raise HeadhuntError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
 
 
+def read_duo_config(folder: str | Path) -> dict[str, Any]:
+    """A DuoAttention pattern's ``config.json`` (the training arguments; DuoAttention's loader
+    reads ``sink_size`` and ``recent_size`` from it), checked for those two."""
+    path = Path(folder) / DUO_CONFIG
+    try:
+        config = json.loads(path.read_text())
+        int(config["sink_size"]), int(config["recent_size"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HeadhuntError(f"{path}: not a DuoAttention pattern config ({e})") from None
+    return config
+
+
 def read_duo(folder: str | Path, shape: ModelShape) -> tuple[np.ndarray, int, int]:
     """A DuoAttention pattern folder as DuoAttention reads it: ([layers, kv_heads] values
     clipped to [0, 1], sink_size, recent_size), checked against the model's counts."""
     folder = Path(folder)
+    config = read_duo_config(folder)
     try:
         values = np.loadtxt(folder / DUO_HEADS, dtype=float, delimiter="\t", ndmin=2)
-        config = json.loads((folder / DUO_CONFIG).read_text())
-        sink, recent = int(config["sink_size"]), int(config["recent_size"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise HeadhuntError(f"{folder} is not a DuoAttention pattern folder ({e})") from None
+    sink, recent = int(config["sink_size"]), int(config["recent_size"])
     if values.shape != (shape.n_layers, shape.n_kv_heads):
         raise HeadhuntError(
             f"{folder / DUO_HEADS} has {values.shape[0]} layers x {values.shape[1]} KV heads; "
             f"the model has {shape.n_layers} x {shape.n_kv_heads}"
         )
     return np.clip(values, 0, 1), sink, recent
+
+
+DEFAULT_SINK, DEFAULT_RECENT = 4, 256
+
+
+def sink_size_from_run(path: str | Path) -> tuple[int, str]:
+    """The sink size S of streaming heads from a ``headhunt sinks`` run, and where it came from.
+
+    S keeps token 0 (the first-token sink) and every hidden sink the run found within its texts'
+    first T tokens (T = the run's ``eps_tokens``, Gu et al.'s prefix, 64 by default): S = 1 +
+    the last such position over all texts and heads. Hidden sinks further in (content words
+    mid-text) move with the text, so no fixed prefix keeps them; they are not counted. A sinks
+    run says nothing about recency: the recent window W stays a flag.
+    """
+    import pandas as pd
+
+    from headhunt.rundir import load_run
+
+    run = load_run(path)
+    if run.method != "sinks":
+        raise HeadhuntError(f"{path} is a {run.method} run, not a sinks run")
+    t = int((run.manifest.get("parameters") or {}).get("eps_tokens", 64))
+    try:
+        sinks = pd.read_parquet(run.path / "sinks.parquet", columns=["position"])
+    except Exception as e:  # missing, truncated or not the sinks table
+        raise HeadhuntError(f"{run.path / 'sinks.parquet'} is unreadable ({e})") from None
+    leading = sorted({int(p) for p in sinks["position"] if p < t})
+    size = 1 + leading[-1] if leading else 1
+    note = f"sinks run {path}: token 0" + (
+        f" and hidden sinks at positions {leading} (of the first {t} tokens)" if leading else ""
+    )
+    return size, note
+
+
+def streaming_window(
+    sink: int | None,
+    recent: int | None,
+    sinks_run: str | None = None,
+    duo_pattern: str | Path | None = None,
+) -> tuple[int, int, str]:
+    """(S, W, where they came from): flags first; else S from a sinks run
+    (:func:`sink_size_from_run`); else both from a DuoAttention pattern's ``config.json``;
+    else S = 4, W = 256 (StreamingLLM's four sink tokens)."""
+    notes = []
+    if sink is None and sinks_run is not None:
+        sink, note = sink_size_from_run(sinks_run)
+        notes.append(f"sink {sink} from the {note}")
+    if duo_pattern is not None and (sink is None or recent is None):
+        cfg = read_duo_config(duo_pattern)
+        if sink is None:
+            sink = int(cfg["sink_size"])
+            notes.append(f"sink {sink} from {duo_pattern}")
+        if recent is None:
+            recent = int(cfg["recent_size"])
+            notes.append(f"recent {recent} from {duo_pattern}")
+    if sink is None:
+        sink = DEFAULT_SINK
+        notes.append(f"sink {sink} (default)")
+    if recent is None:
+        recent = DEFAULT_RECENT
+        notes.append(f"recent {recent} (default)")
+    return sink, recent, "; ".join(notes) or "flags"
 
 
 def read_scores(path: str | Path, metric: str) -> tuple[np.ndarray, dict[str, Any] | None]:

@@ -12,13 +12,8 @@ padded with *zero heads* (query rows and ``o_proj`` columns of zeros, so their o
 the parameters. A layer whose every head goes keeps one zero head (transformers cannot run a
 layer of zero heads).
 
-Per-layer head counts: Llama-family configs have one ``num_attention_heads``. The saved
-``config.json`` keeps the original counts (and an explicit ``head_dim``) and adds
-``headhunt_pruning`` with each layer's layout; :func:`load_pruned` builds the model from the
-config with transformers, shrinks each layer to its layout and loads the safetensors weights
-(no remote code). The saved ``model_type`` is ``headhunt_pruned`` (the original is kept in the
-record), so a plain ``AutoModelForCausalLM.from_pretrained`` refuses the folder in one line: it
-would otherwise re-initialise every resized projection at random with only a warning.
+Per-layer head counts: the saved folder's layout, and loading it (``load_model(folder)``), are
+:mod:`headhunt.probes.pruned`'s.
 """
 
 from __future__ import annotations
@@ -28,26 +23,25 @@ import random
 import shutil
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Float
-from torch import nn
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.kvcache import kv_scores
 from headhunt.heads.scores import Head, check_heads
-from headhunt.probes.attention import attention_modules
 from headhunt.probes.hooked import HookedModel
-
-CONFIG_KEY = "headhunt_pruning"
-MODEL_TYPE = "headhunt_pruned"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-# Parameters an attention module may have besides the projections: shared over heads.
-SHARED = ("q_norm", "k_norm")
+from headhunt.probes.pruned import (  # noqa: F401 (is_pruned_folder, load_pruned: re-exported)
+    CONFIG_KEY,
+    MODEL_TYPE,
+    LayerLayout,
+    apply_layout,
+    is_pruned_folder,
+    load_pruned,
+)
 
 
 def ranked_heads(
@@ -102,24 +96,6 @@ def heads_to_drop(ranking: Sequence[Head], keep: float, group: int = 1) -> list[
     return sorted(ranking[round(keep * len(ranking) / group) * group :])
 
 
-@dataclass
-class LayerLayout:
-    """One pruned layer: ``kv_heads`` (original KV heads kept, in order) and ``q_heads`` (for
-    each slot, the original query head, or -1 for a zero pad head); slots are grouped by KV
-    head, ``group`` slots each."""
-
-    kv_heads: list[int]
-    q_heads: list[int]
-
-    @property
-    def group(self) -> int:
-        return len(self.q_heads) // len(self.kv_heads)
-
-    @property
-    def pads(self) -> int:
-        return self.q_heads.count(-1)
-
-
 def plan_layout(n_heads: int, n_kv_heads: int, dropped: Collection[int]) -> LayerLayout:
     """The layout of a layer after dropping query heads ``dropped``."""
     group = n_heads // n_kv_heads
@@ -133,74 +109,6 @@ def plan_layout(n_heads: int, n_kv_heads: int, dropped: Collection[int]) -> Laye
     for kv in kv_heads:
         q_heads += kept[kv] + [-1] * (size - len(kept[kv]))
     return LayerLayout(kv_heads=kv_heads, q_heads=q_heads)
-
-
-def _rows(weight: torch.Tensor, blocks: Sequence[int], head_dim: int, dim: int) -> torch.Tensor:
-    """Blocks of ``head_dim`` rows (dim 0) or columns (dim 1); block -1 is zeros."""
-    parts = []
-    for b in blocks:
-        if b < 0:
-            shape = list(weight.shape)
-            shape[dim] = head_dim
-            parts.append(weight.new_zeros(shape))
-        else:
-            parts.append(weight.narrow(dim, b * head_dim, head_dim))
-    return torch.cat(parts, dim=dim)
-
-
-def _linear(in_f: int, out_f: int, like: nn.Linear) -> nn.Linear:
-    lin = nn.Linear(in_f, out_f, bias=like.bias is not None)
-    return lin.to(device=like.weight.device, dtype=like.weight.dtype)
-
-
-def _check_module(attn: nn.Module) -> None:
-    for name in PROJECTIONS:
-        if not isinstance(getattr(attn, name, None), nn.Linear):
-            raise HeadhuntError(
-                f"{type(attn).__name__} has no separate {name} linear layer: structural pruning "
-                "supports Llama-family attention (q_proj, k_proj, v_proj, o_proj)"
-            )
-    other = {n.split(".")[0] for n, _ in attn.named_parameters()} - {*PROJECTIONS, *SHARED}
-    if other:
-        raise HeadhuntError(
-            f"{type(attn).__name__} has per-module parameters {sorted(other)} that pruning "
-            "does not know how to cut"
-        )
-
-
-def apply_layout(attn: nn.Module, layout: LayerLayout, head_dim: int, *, copy: bool) -> None:
-    """Resize one attention module to ``layout`` (copying the kept weights when ``copy``;
-    otherwise only the shapes, for loading)."""
-    _check_module(attn)
-    q, k, v, o = (getattr(attn, n) for n in PROJECTIONS)
-    d_model = q.in_features
-    new_q = _linear(d_model, len(layout.q_heads) * head_dim, q)
-    new_k = _linear(d_model, len(layout.kv_heads) * head_dim, k)
-    new_v = _linear(d_model, len(layout.kv_heads) * head_dim, v)
-    new_o = _linear(len(layout.q_heads) * head_dim, o.out_features, o)
-    if copy:
-        with torch.no_grad():
-            new_q.weight.copy_(_rows(q.weight, layout.q_heads, head_dim, 0))
-            new_k.weight.copy_(_rows(k.weight, layout.kv_heads, head_dim, 0))
-            new_v.weight.copy_(_rows(v.weight, layout.kv_heads, head_dim, 0))
-            new_o.weight.copy_(_rows(o.weight, layout.q_heads, head_dim, 1))
-            for new, old, blocks in (
-                (new_q, q, layout.q_heads),
-                (new_k, k, layout.kv_heads),
-                (new_v, v, layout.kv_heads),
-            ):
-                if old.bias is not None:
-                    new.bias.copy_(_rows(old.bias[:, None], blocks, head_dim, 0)[:, 0])
-            if o.bias is not None:
-                new_o.bias.copy_(o.bias)
-    attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj = new_q, new_k, new_v, new_o
-    attn.num_key_value_groups = layout.group
-    for name, value in (
-        ("num_heads", len(layout.q_heads)),
-        ("num_key_value_heads", len(layout.kv_heads)),
-    ):
-        if hasattr(attn, name):
-            setattr(attn, name, value)
 
 
 def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
@@ -255,64 +163,15 @@ def save_pruned(model: HookedModel, folder: str | Path) -> Path:
     return folder
 
 
-def is_pruned_folder(folder: str | Path) -> bool:
-    path = Path(folder) / "config.json"
-    try:
-        return CONFIG_KEY in json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def load_pruned(folder: str | Path, *, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) of a folder written by :func:`save_pruned`, with transformers
-    classes only (no remote code): build from the config, shrink each layer, load weights."""
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    folder = Path(folder)
-    if not is_pruned_folder(folder):
-        raise HeadhuntError(f"{folder} is not a headhunt-pruned model folder")
-    fields = json.loads((folder / "config.json").read_text())
-    record = fields[CONFIG_KEY]
-    fields["model_type"] = record["model_type"]
-    cfg = AutoConfig.for_model(**fields)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    modules = attention_modules(model)
-    if len(modules) != len(record["layers"]):
-        raise HeadhuntError(
-            f"{folder}: {len(record['layers'])} layer layouts for {len(modules)} layers"
-        )
-    for attn, lay in zip(modules, record["layers"], strict=True):
-        apply_layout(attn, LayerLayout(lay["kv_heads"], lay["q_heads"]), cfg.head_dim, copy=False)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise HeadhuntError(f"{folder} holds no .safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f))
-    result = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise HeadhuntError(
-            f"{folder}: weights do not match the pruned layout (missing "
-            f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]})"
-        )
-    if tied:
-        model.tie_weights()
-    model.eval()
-    return model.to(dtype), AutoTokenizer.from_pretrained(folder, local_files_only=True)
-
-
 def load_pruned_model(
     folder: str | Path, *, device: str | None = "auto", dtype: str | None = "auto"
 ) -> HookedModel:
-    """:func:`load_pruned` wrapped as a :class:`HookedModel` (what ``load_model`` returns)."""
-    from headhunt.probes.hooked import cast_parameters, pick_device, pick_dtype
+    """A pruned folder as a :class:`HookedModel` (``load_model`` recognises such folders)."""
+    from headhunt.probes.hooked import load_model
 
-    dev = pick_device(device)
-    model, tok = load_pruned(folder)
-    model = cast_parameters(model.to(dev), pick_dtype(dtype, dev))
-    return HookedModel(model=model, tokenizer=tok, name=str(folder))
+    if not is_pruned_folder(folder):
+        raise HeadhuntError(f"{folder} is not a headhunt-pruned model folder")
+    return load_model(str(folder), device=device, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -215,6 +215,10 @@ def load_hf(spec: str, *, trust_remote_code: bool = False, **placement):
     if kind == "gguf":
         return _load_gguf(Path(where), **placement)
     if kind == "folder":
+        from headhunt.probes.pruned import is_pruned_folder, load_pruned
+
+        if is_pruned_folder(where):  # headhunt's own: per-layer head counts from its config
+            return load_pruned(where)  # float32 on the CPU; load_model places it
         return _load_folder(Path(where), trust_remote_code=trust_remote_code, **placement)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return _load_folder(str(where), trust_remote_code=trust_remote_code, **placement)

@@ -33,8 +33,20 @@ def add_parser(sub) -> None:
         default=None,
         help="check the counts against this model's config (default: the run's manifest)",
     )
-    p.add_argument("--sink", type=int, default=4, help="sink tokens a streaming head keeps")
-    p.add_argument("--recent", type=int, default=256, help="recent tokens a streaming head keeps")
+    p.add_argument(
+        "--sink",
+        type=int,
+        default=None,
+        help="sink tokens a streaming head keeps (default: from --sinks, else 4)",
+    )
+    p.add_argument(
+        "--recent", type=int, default=None, help="recent tokens a streaming head keeps (256)"
+    )
+    p.add_argument(
+        "--sinks",
+        default=None,
+        help="a sinks run: the sink size keeps token 0 and its leading hidden sinks",
+    )
     p.add_argument(
         "--full-fraction",
         type=float,
@@ -51,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from headhunt.errors import HeadhuntError
-    from headhunt.export import ModelShape, export, read_scores
+    from headhunt.export import ModelShape, export, read_scores, streaming_window
 
     matrix, facts = read_scores(args.scores, args.metric)
     if args.model is not None:
@@ -61,14 +73,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise HeadhuntError(f"{out} exists and is not empty; pass --force to write into it")
+    sink, recent, window_from = streaming_window(args.sink, args.recent, args.sinks)
     provenance = {"scores": str(Path(args.scores).resolve()), "metric": args.metric}
+    provenance["window"] = window_from
     files = export(
         args.format,
         out,
         matrix,
         ModelShape.of(facts),
-        sink=args.sink,
-        recent=args.recent,
+        sink=sink,
+        recent=recent,
         full_fraction=args.full_fraction,
         provenance=provenance,
         seed=args.seed,

@@ -27,16 +27,33 @@ class KVEvalMethodConfig(MethodConfig):
     fractions: list[float] = option(
         [0.0, 0.1, 0.25, 0.5, 0.75, 1.0], "shares of KV heads with the full cache", min=0, max=1
     )
-    sink: int = option(4, "leading tokens a streaming head keeps", min=0)
-    recent: int = option(256, "trailing tokens a streaming head keeps", min=1)
+    sink: int | None = option(
+        None,
+        "leading tokens a streaming head keeps (default: from --sinks, else the --duo-pattern's "
+        "sink_size, else 4)",
+        type=int,
+        min=0,
+    )
+    recent: int | None = option(
+        None,
+        "trailing tokens a streaming head keeps (default: the --duo-pattern's recent_size, "
+        "else 256)",
+        type=int,
+        min=1,
+    )
+    sinks: str | None = option(
+        None, "a sinks run: the sink size keeps token 0 and its leading hidden sinks", type=str
+    )
     lengths: list[int] = option([1000, 2000], "prompt lengths (needles and tasks)", min=64)
     depths: list[float] = option([0.0, 25.0, 50.0, 75.0, 100.0], "needle depths in percent")
     needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
+    needle_repeats: int = option(1, "needle trials per (length, depth, needle)", min=1)
     tasks: list[str] = option(["mk_niah", "mv_niah", "vt", "cwe"], "RULER-like tasks")
     task_repeats: int = option(2, "trials per (task, length)", min=0)
     batch_size: int = option(8, "trials decoded together", min=1)
     haystack: str | None = option(None, "text file (default: the bundled essays)", type=str)
     seed: int = option(0, "random seed", cli=False)
+    window_from: str = option("", "where --sink and --recent came from", cli=False)
 
     def sweep(self):
         from headhunt.heads.kv_eval import KVEvalConfig
@@ -45,13 +62,17 @@ class KVEvalMethodConfig(MethodConfig):
         return KVEvalConfig(**{k: v for k, v in self.to_dict().items() if k in fields})
 
     def check(self) -> None:
-        from headhunt.export import read_scores
+        from headhunt.export import read_scores, streaming_window
 
+        if self.duo_pattern is not None and not Path(self.duo_pattern).is_dir():
+            raise HeadhuntError(f"--duo-pattern {self.duo_pattern} is not a folder")
+        if not self.window_from:  # resolved once, before parameters.json records the sizes
+            self.sink, self.recent, self.window_from = streaming_window(
+                self.sink, self.recent, self.sinks, self.duo_pattern
+            )
         self.sweep().validate()
         if self.scores is not None:
             read_scores(self.scores, self.metric)
-        if self.duo_pattern is not None and not Path(self.duo_pattern).is_dir():
-            raise HeadhuntError(f"--duo-pattern {self.duo_pattern} is not a folder")
         if self.scores is None and self.duo_pattern is None and not self.random_draws:
             raise HeadhuntError(
                 "nothing to rank by: give --scores, --duo-pattern or --random-draws"
@@ -106,7 +127,15 @@ scores.parquet."""
         summary = kv.summarize(table)
         summary.to_csv(ctx.path("summary.csv"), index=False)
         write_html(figure(summary, model.name), ctx.path("kv_eval.html"))
-        ctx.extra["summary"] = {"trials": len(trials), "rankings": list(rankings)}
+        ctx.extra["summary"] = {
+            "trials": len(trials),
+            "rankings": list(rankings),
+            "window": {
+                "sink": config.sink,
+                "recent": config.recent,
+                "from": getattr(config, "window_from", "flags"),
+            },
+        }
         if scores is not None:
             per_kv = kv.kv_scores(scores, model.n_kv_heads)
         elif duo is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,21 @@ def test_kv_eval_writes_summary_and_figure(tiny_folder, scores_run, tmp_path):
     assert kv[0.0] < kv[0.5] < kv[1.0] == 1.0
     assert (out / "kv_eval.html").stat().st_size > 10_000
     assert main([*argv, "--resume"]) == 0
+
+
+def test_kv_eval_ranks_by_a_duoattention_pattern_and_takes_its_window(tiny_folder, tmp_path):
+    pattern = Path(__file__).parents[1] / "fixtures" / "duo_pattern"  # DuoAttention's layout
+    out = tmp_path / "kv-duo"
+    argv = ["kv-eval", "--model", str(tiny_folder), "--duo-pattern", str(pattern)]
+    argv += ["--out", str(out), "--device", "cpu", "--fractions", "0.5,1", "--lengths", "150"]
+    argv += ["--depths", "50", "--needles", "passkey", "--task-repeats", "0", "--random-draws", "0"]
+    assert main(argv) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parameters"]["sink"] == 8 and manifest["parameters"]["recent"] == 16
+    assert manifest["summary"]["rankings"] == ["duo"]
+    assert "from " + str(pattern) in manifest["summary"]["window"]["from"]
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary["ranking"]) == {"duo"} and set(summary["fraction"]) == {0.5, 1.0}
 
 
 def test_export_checks_counts(tiny_folder, scores_run, tmp_path, capsys):

@@ -2,6 +2,7 @@
 needed head's removal shows, and a saved pruned folder reloads to the masked model's logits."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -140,3 +141,24 @@ def test_dropping_whole_kv_groups_shrinks_without_pads():
     size = model_size(model)
     assert size["pad_heads"] == 0
     assert size["kv_bytes_per_token"] == full["kv_bytes_per_token"] // 2
+
+
+def test_load_model_reads_a_pruned_folder_and_refuses_head_hooks(tmp_path):
+    from headhunt.probes.hooked import load_model
+
+    model = _model()
+    drop = [(0, 1), (0, 4), (0, 5), (1, 0), (1, 1), (1, 2)]  # layer 1 loses a whole KV group
+    with mask_heads(model, drop, mode="output"):
+        masked = _logits(model, IDS)
+    pruned = copy.deepcopy(model)
+    prune_model(pruned, drop)
+    folder = save_pruned(pruned, tmp_path / "pruned")
+    again = load_model(str(folder), device="cpu", dtype="float32")
+    layers = json.loads((folder / "config.json").read_text())["headhunt_pruning"]["layers"]
+    for attn, lay in zip(again.modules, layers, strict=True):  # per-layer counts from the config
+        assert attn.q_proj.out_features == len(lay["q_heads"]) * again.head_dim
+        assert attn.k_proj.out_features == len(lay["kv_heads"]) * again.head_dim
+    assert [len(lay["kv_heads"]) for lay in layers] == [2, 1]
+    torch.testing.assert_close(_logits(again, IDS), masked, atol=1e-6, rtol=1e-5)
+    with pytest.raises(HeadhuntError, match="layer 0 is pruned"), mask_heads(again, [(0, 0)]):
+        _logits(again, IDS)
