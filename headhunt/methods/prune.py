@@ -18,6 +18,12 @@ class PruneConfig(MethodConfig):
 
     scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
     metric: str = option("retrieval_score", "the metric of --scores")
+    tiebreak: str = option(
+        "random",
+        "orders heads of equal --metric score: random (seeded), masking (each head's masking "
+        "effect on calibration needle trials, measured in the run) or RUN:METRIC (another "
+        "run's metric, e.g. a sinks run's hidden_sink_mass)",
+    )
     keep: float | None = option(
         None, "share of query heads kept (top first)", type=float, min=0, max=1
     )
@@ -50,6 +56,13 @@ class PruneConfig(MethodConfig):
             raise HeadhuntError("--evaluate compares rankings: give --scores RUN")
         if self.scores is not None:
             read_scores(self.scores, self.metric)
+        if self.tiebreak not in ("random", "masking"):
+            path, sep, metric = self.tiebreak.rpartition(":")
+            if not sep or not path:
+                raise HeadhuntError(
+                    f"--tiebreak {self.tiebreak!r}: use random, masking or RUN:METRIC"
+                )
+            read_scores(path, metric)
 
     def evaluation(self):
         from headhunt.heads.prune_eval import PruneEvalConfig
@@ -76,6 +89,9 @@ class Prune(Method):
 o_proj are removed (a KV head's k/v rows go with its last query head); uneven GQA groups are
 padded with zero heads (--unit kv drops whole KV groups instead). Keep the top --keep share of
 heads by any metric of any run (--scores, --metric), or drop a list (--drop-heads 14-3,20-1).
+Heads of equal score are ordered by --tiebreak: seeded at random, by their masking effect
+(measured on calibration needle trials; written to scores.parquet as masking_effect), or by
+another run's metric.
 Writes model/ (safetensors, tokenizer, a config recording each layer's heads; load it with
 headhunt.heads.pruning.load_pruned), prune.json (layout and size), the kept heads (kept = 1) to
 scores.parquet and manifest.json. With --evaluate, also prunes by the reverse ranking and at
@@ -98,23 +114,35 @@ trials); writes prune_eval.csv."""
         )
         from headhunt.heads.scores import HeadScores, parse_heads
 
+        shape = ModelShape.of(model.describe())
         scores = read_scores(config.scores, config.metric)[0] if config.scores else None
         if scores is not None:
-            check_scores(scores, ModelShape.of(model.describe()), f"--scores {config.scores}")
+            check_scores(scores, shape, f"--scores {config.scores}")
         by_kv = config.unit == "kv"
+        secondary, extra = None, []
+        if config.tiebreak == "masking" and scores is not None:
+            cal = pe.needle_trials(model, config.evaluation(), calibration=True)
+            secondary = pe.masking_effect(model, cal, config.batch_size)
+            extra.append(
+                HeadScores.from_matrix("masking_effect", secondary, n_kv_heads=shape.n_kv_heads)
+            )
+        elif config.tiebreak not in ("random", "masking"):
+            path, _, metric = config.tiebreak.rpartition(":")
+            secondary = read_scores(path, metric)[0]
+            check_scores(secondary, shape, f"--tiebreak {config.tiebreak}")
         if config.drop_heads is not None:
             drop = sorted(set(parse_heads(config.drop_heads, model.n_layers, model.n_heads)))
             if not drop:
                 raise HeadhuntError("--drop-heads names no head")
         else:
             kv = model.n_kv_heads if by_kv else None
-            ranking = ranked_heads(scores, "top", config.seed, n_kv_heads=kv)
+            ranking = ranked_heads(scores, "top", config.seed, n_kv_heads=kv, secondary=secondary)
             drop = heads_to_drop(ranking, config.keep, model.group_size if by_kv else 1)
         conds: list[tuple[str, float]] = []
         if config.evaluate:
             ev = config.evaluation()
             ev.validate()
-            orders = pe.pruning_orders(scores, ev, model.n_kv_heads if by_kv else None)
+            orders = pe.pruning_orders(scores, ev, model.n_kv_heads if by_kv else None, secondary)
             conds = pe.prune_conditions(orders, ev)
             m = pe.materials(model, ev)
         keys = [f"{o}@{k:g}" for o, k in conds]
@@ -151,7 +179,8 @@ trials); writes prune_eval.csv."""
         kept = np.ones((model.n_layers, model.n_heads))
         for layer, head in drop:
             kept[layer, head] = 0.0
-        return HeadScores.from_matrix(self.metric, kept, n_kv_heads=model.n_kv_heads)
+        result = HeadScores.from_matrix(self.metric, kept, n_kv_heads=model.n_kv_heads)
+        return HeadScores.concat([result, *extra]) if extra else result
 
     def show(self, run, top: int) -> None:
         import pandas as pd
@@ -174,5 +203,5 @@ trials); writes prune_eval.csv."""
             df = pd.DataFrame(result["evaluation"])
             df = df[~df["order"].str.match(r"random\d")]
             cols = ["order", "keep", "parameters", "kv_bytes_per_token", "prefill_s"]
-            cols += ["perplexity", "needle_recall"]
+            cols += ["perplexity", "needle_recall", "recall_change", "recall_change_se"]
             print_table(df[cols], title="Pruning by ranking, reverse and random (random: mean)")

@@ -53,6 +53,20 @@ def test_prune_writes_a_reloadable_smaller_model(tiny_folder, scores_run, tmp_pa
     assert "Structural pruning" in capsys.readouterr().out
 
 
+def test_prune_tiebreaks(tiny_folder, scores_run, tmp_path):
+    base = ["prune", "--model", str(tiny_folder), "--scores", str(scores_run), "--keep", "0.75"]
+    base += ["--device", "cpu", "--lengths", "150", "--depths", "50"]
+    assert main([*base, "--tiebreak", "masking", "--out", str(tmp_path / "m")]) == 0
+    scores = HeadScores.read_parquet(tmp_path / "m" / "scores.parquet")
+    assert scores.matrix("masking_effect").shape == (2, 4)
+    # another run's metric (no ties here: the primary order decides)
+    tie = f"{scores_run}:retrieval_score"
+    assert main([*base, "--tiebreak", tie, "--out", str(tmp_path / "r")]) == 0
+    kept = HeadScores.read_parquet(tmp_path / "r" / "scores.parquet").matrix("kept")
+    assert kept[0, :2].sum() == 0 and kept.sum() == 6
+    assert main([*base, "--tiebreak", "nonsense", "--out", str(tmp_path / "x")]) == 2
+
+
 def test_kv_eval_writes_summary_and_figure(tiny_folder, scores_run, tmp_path):
     out = tmp_path / "kv"
     argv = ["kv-eval", "--model", str(tiny_folder), "--scores", str(scores_run), "--out", str(out)]
