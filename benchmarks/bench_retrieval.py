@@ -8,12 +8,21 @@ generous to it as possible). Ours batches the trials of one length, decodes with
 every head's argmax in one operation per layer.
 
     python benchmarks/bench_retrieval.py --lengths 1000,2000 --repeats 3 --out bench.json
+
+``per_layer`` times headhunt with the decode argmax taken one layer at a time through
+``attention_stats`` (the path before the many-layer kernel; on the CPU both are the same).
+On a big grid, ``--reference-every N`` runs the reference loop on every N-th trial only: its
+cost is per trial (no batching), so its trials/s on an even sample of the grid stands for
+the whole grid; agreement is then checked on those trials.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import threading
 import time
@@ -22,6 +31,7 @@ import numpy as np
 import torch
 
 from headhunt.heads.retrieval import RetrievalConfig, build_trials, run_trials, stop_token_ids
+from headhunt.probes import capture
 from headhunt.probes.capture import _cache, greedy_decode
 from headhunt.probes.hooked import load_model
 
@@ -56,6 +66,34 @@ def reference_trial(model, trial, max_new_tokens: int, stop_ids: set[int]) -> np
             for m in model.modules:
                 m.headhunt_base = "sdpa"
     return scores
+
+
+def profile_decoding(model, trials, config, stop) -> dict[str, str]:
+    """cProfile of decoding the first length's first batch: plain, headhunt, per layer."""
+    group = [t for t in trials if t.length == trials[0].length]
+    prompts = torch.tensor([t.input_ids for t in group[: config.batch_size or len(group)]])
+    batched = capture._batched_argmax_ok
+    out = {}
+    for label, cap, ok in [
+        ("plain_greedy", False, batched),
+        ("headhunt", True, batched),
+        ("per_layer", True, lambda q, k: False),
+    ]:
+        capture._batched_argmax_ok = ok
+        prof = cProfile.Profile()
+        try:
+            prof.enable()
+            greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, capture_argmax=cap)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            prof.disable()
+        finally:
+            capture._batched_argmax_ok = batched
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        out[label] = text.getvalue()
+        print(f"--- {label}\n{text.getvalue()}")
+    return out
 
 
 class PeakRSS:
@@ -101,17 +139,20 @@ def main() -> None:
     )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--methods", default="headhunt,plain_greedy,reference_loop")
+    p.add_argument("--reference-every", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="cProfile one batch's decoding")
     p.add_argument("--lengths", default="1000,2000")
     p.add_argument("--depths", default="0,50,100")
     p.add_argument("--needles", default="passkey,city,magic")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=0)
-    p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--out", default="bench_retrieval.json")
     args = p.parse_args()
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
     dev = model.device
     config = RetrievalConfig(
         lengths=[int(x) for x in args.lengths.split(",")],
@@ -128,6 +169,14 @@ def main() -> None:
     def ours():
         return run_trials(model, trials, config, progress=False)
 
+    def per_layer():
+        batched = capture._batched_argmax_ok
+        capture._batched_argmax_ok = lambda q, k: False
+        try:
+            return run_trials(model, trials, config, progress=False)
+        finally:
+            capture._batched_argmax_ok = batched
+
     def plain():
         by_len: dict[int, list] = {}
         for t in trials:
@@ -138,18 +187,29 @@ def main() -> None:
                 prompts = torch.tensor([t.input_ids for t in group[i : i + bs]])
                 greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop)
 
-    def reference():
-        return [reference_trial(model, t, config.max_new_tokens, stop) for t in trials]
+    sample = list(range(0, len(trials), args.reference_every))
 
-    methods = {"headhunt": ours, "plain_greedy": plain}
-    if not args.skip_reference:
-        methods["reference_loop"] = reference
+    def reference():
+        return [reference_trial(model, trials[i], config.max_new_tokens, stop) for i in sample]
+
+    known = {
+        "headhunt": ours,
+        "per_layer": per_layer,
+        "plain_greedy": plain,
+        "reference_loop": reference,
+    }
+    methods = {m: known[m] for m in args.methods.split(",")}
     # Warm-up: one pass of each on the first trial's batch (kernels, allocator, caches).
     warm = RetrievalConfig(
         **{**config.to_dict(), "lengths": config.lengths[:1], "depths": config.depths[:1]}
     )
     run_trials(model, build_trials(model, warm), warm, progress=False)
-    if not args.skip_reference:
+    if "per_layer" in methods:
+        per_layer_warm = capture._batched_argmax_ok
+        capture._batched_argmax_ok = lambda q, k: False
+        run_trials(model, build_trials(model, warm), warm, progress=False)
+        capture._batched_argmax_ok = per_layer_warm
+    if "reference_loop" in methods:
         reference_trial(model, trials[0], 4, stop)
 
     results, outputs = {}, {}
@@ -165,23 +225,39 @@ def main() -> None:
     summary = {}
     for label, r in results.items():
         med = statistics.median(r["seconds"])
+        n = len(sample) if label == "reference_loop" else len(trials)
         summary[label] = {
+            "trials": n,
             "median_s": med,
-            "trials_per_s": len(trials) / med,
+            "trials_per_s": n / med,
             "peak_gib": max(r["peak_gib"]),
             "all_seconds": r["seconds"],
         }
     ours_med = summary["headhunt"]["median_s"]
     check = {}
     if "reference_loop" in outputs:
-        a = np.array([r["scores"] for r in outputs["headhunt"]])
+        a = np.array([outputs["headhunt"][i]["scores"] for i in sample])
         b = np.array(outputs["reference_loop"])
+        diff = np.abs(a - b).max((1, 2))
         check = {
-            "max_abs_diff": float(np.abs(a - b).max()),
-            "identical_trials": int((np.abs(a - b).max((1, 2)) < 1e-6).sum()),
+            "trials": len(sample),
+            "max_abs_diff": float(diff.max()),
+            "identical_trials": int((diff < 1e-6).sum()),
+            "differing_trial_ids": [
+                trials[i].id for i, d in zip(sample, diff, strict=True) if d >= 1e-6
+            ],
         }
-        summary["speedup_vs_reference"] = summary["reference_loop"]["median_s"] / ours_med
-    summary["overhead_vs_plain"] = ours_med / summary["plain_greedy"]["median_s"] - 1
+        summary["speedup_vs_reference"] = (
+            summary["headhunt"]["trials_per_s"] / summary["reference_loop"]["trials_per_s"]
+        )
+    if "per_layer" in outputs:
+        a = np.array([r["scores"] for r in outputs["headhunt"]])
+        b = np.array([r["scores"] for r in outputs["per_layer"]])
+        check["per_layer_identical_trials"] = int((np.abs(a - b).max((1, 2)) < 1e-6).sum())
+        check["per_layer_max_abs_diff"] = float(np.abs(a - b).max())
+        summary["speedup_vs_per_layer"] = summary["per_layer"]["median_s"] / ours_med
+    if "plain_greedy" in summary:
+        summary["overhead_vs_plain"] = ours_med / summary["plain_greedy"]["median_s"] - 1
     report = {
         "device": name,
         "dtype": str(model.dtype),
@@ -192,6 +268,8 @@ def main() -> None:
         "agreement_with_reference": check,
         "counted_trials": sum(r["counted"] for r in outputs["headhunt"]),
     }
+    if args.profile:
+        report["profile"] = profile_decoding(model, trials, config, stop)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print("| method | median s | trials/s | peak GiB |")

@@ -106,27 +106,99 @@ def capture_stats_and_counts(
 
 class DecodeArgmax(AttentionHook):
     """At each single-query (decode) call, the absolute position of the argmax key of every
-    head's attention row.
+    head's attention row: ``step[layer]`` is [b, hq] for the last step.
 
     The row is scored as the layer's kernel scores it (scale, softcap, and only the keys its
     mask lets it see: padding, sliding window, chunk); softcap and softmax are monotonic, so
     the argmax of the logits is the argmax of the attention (a learned sink slot is not a key).
     Key indices are mapped to absolute positions, since a sliding layer's cache may keep only
     its window.
+
+    On CUDA, layers whose query sees its whole cache (no mask beyond it, no softcap) are only
+    noted during the forward; reading ``step`` (or :meth:`stacked`) then scores all of them in
+    two kernel launches (:func:`headhunt.kernels.triton_decode.decode_argmax_layers`, the
+    same scores and tie rule as the split-K path of ``attention_stats``). Per-layer calls cost
+    more host time than the whole step's GPU work on a small model. Other layers go through
+    ``attention_stats`` at once.
     """
 
+    # kernel_kwargs of a call that sees its whole cache: nothing but these (sinks do not
+    # move an argmax over keys).
+    _WHOLE_CACHE = frozenset({"scale", "causal", "q_offset", "sinks"})
+
     def __init__(self, n_layers: int):
-        self.step: list[Tensor | None] = [None] * n_layers
+        self._step: list[Tensor | None] = [None] * n_layers
+        self._pending: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer -> q, k, key start
+        self._all: Tensor | None = None  # [layers, b, hq] when one launch served every layer
 
     def before(self, call: AttentionCall) -> None:
         from headhunt.kernels import attention_stats
 
         if call.query.shape[2] != 1:
             return
+        if call.layer in self._pending:  # a new step before anyone read the last one
+            self._flush()
+        kw = call.kernel_kwargs()
+        if kw.keys() <= self._WHOLE_CACHE and _batched_argmax_ok(call.query, call.key):
+            self._pending[call.layer] = (call.query, call.key, call.key_start)
+            return
         # The kernels' decode path (split-K on CUDA) scores in float32 like the model's own
         # kernel accumulates, and takes the lowest key on ties.
-        stats = attention_stats(call.query, call.key, key_stats=False, **call.kernel_kwargs())
-        self.step[call.layer] = stats.argmax[:, :, 0] + call.key_start
+        stats = attention_stats(call.query, call.key, key_stats=False, **kw)
+        self._step[call.layer] = stats.argmax[:, :, 0] + call.key_start
+        self._all = None
+
+    @property
+    def step(self) -> list[Tensor | None]:
+        """Per layer, [b, hq] absolute argmax positions of the last decode step (None for a
+        layer not seen)."""
+        self._flush()
+        return self._step
+
+    def stacked(self, device: torch.device) -> Int[Tensor, "layers b hq"]:
+        """``step`` as one [layers, b, hq] tensor on ``device`` (every layer seen)."""
+        step = self.step
+        if self._all is not None and self._all.device == device:
+            return self._all
+        return torch.stack([s.to(device) for s in step])
+
+    def _flush(self) -> None:
+        """Score the noted layers, one launch pair per group that shares shapes, strides,
+        dtype, device and key start."""
+        from headhunt.kernels.triton_decode import decode_argmax_layers
+
+        if not self._pending:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for layer, (q, k, start) in self._pending.items():
+            key = (q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, k.device, start)
+            groups.setdefault(key, []).append(layer)
+        self._all = None
+        for key, layers in groups.items():
+            qs = [self._pending[i][0] for i in layers]
+            out = decode_argmax_layers(qs, [self._pending[i][1] for i in layers], key[-1])
+            for i, layer in enumerate(layers):
+                self._step[layer] = out[i]
+            if layers == list(range(len(self._step))):
+                self._all = out
+        self._pending = {}
+
+
+def _batched_argmax_ok(q: Tensor, k: Tensor) -> bool:
+    """Whether a decode call can go to the many-layer argmax kernel (CUDA, Triton, its dtype
+    and head size, unit stride along d)."""
+    from headhunt.kernels.api import _DTYPES, _TRITON_MAX_HEAD_DIM, triton_available
+
+    return (
+        q.is_cuda
+        and q.dtype == k.dtype
+        and q.dtype in _DTYPES
+        and q.device == k.device
+        and q.shape[-1] <= _TRITON_MAX_HEAD_DIM
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and triton_available()
+    )
 
 
 @dataclass
@@ -193,7 +265,7 @@ def greedy_decode(
                 tokens.append(nxt)
                 if cap is not None:
                     # Layers may sit on several devices (--device-map): gather on the first.
-                    argmax.append(torch.stack([s.to(dev) for s in cap.step]))
+                    argmax.append(cap.stacked(dev))
                 lengths += (~done).long()
                 done |= torch.isin(nxt, stop)
                 if bool(done.all()):  # the one host sync per step

@@ -1,0 +1,183 @@
+"""One decode step's attention argmax for many layers in two kernel launches (CUDA).
+
+Greedy decoding with a captured argmax (the retrieval scorer) needs, at every step and for
+every layer, the key each query head attends to most. Per layer that is a tiny problem (one
+query per head over the cache), so launching :func:`headhunt.kernels.attention_stats` per
+layer costs more host time (argument checks, allocations, two launches) than GPU time, and
+the small model's decoding is host-bound already. Here the layers of one step go in one
+split-K pass and one combine: every layer's query and key tensors are reached through a
+table of their addresses, so nothing is copied or stacked.
+
+The scores are the raw products ``q . k`` of :func:`headhunt.kernels.attention_stats`'
+split-K decode kernel, computed by the same tile code (:func:`~.triton_stats._qk`, the same
+tile shapes, float32 accumulation), and ties go to the lowest key as there; the scale, a
+softcap (increasing) and the softmax do not move an argmax, but a softcap could merge two
+scores in float32, so callers send softcapped layers (and any mask beyond "the query sees
+the whole cache") to ``attention_stats`` instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int64
+from torch import Tensor
+
+from .triton_stats import _interpreting, _qk, _sm_count, default_config
+
+__all__ = ["decode_argmax_layers"]
+
+
+@triton.jit
+def _argmax_split_kernel(
+    PTRS, K0, PM, PA,
+    n_layers, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn,
+    nk, hkv, group, split_len, n_splits,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One program per (key split, batch row x kv head, layer): the raw max and its first
+    key over the split, for each query head of the kv head's group (one row each)."""
+    pid_s = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    pid_l = tl.program_id(2)
+    b = pid_bk // hkv
+    kvh = pid_bk % hkv
+    dtype = K0.dtype.element_ty
+    q_layer = tl.load(PTRS + pid_l).to(tl.pointer_type(dtype))
+    k_layer = tl.load(PTRS + n_layers + pid_l).to(tl.pointer_type(dtype))
+    r = tl.arange(0, BLOCK_R)
+    row_ok = r < group
+    h = kvh * group + r
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    q_ptr = (
+        q_layer + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh
+        + offs_d[None, :]
+    )  # fmt: skip
+    q = tl.load(q_ptr, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    s0 = pid_s * split_len
+    s1 = tl.minimum(s0 + split_len, nk)
+    k_base = k_layer + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+    k_base = k_base + offs_d[None, :]
+    m_i = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
+    a_i = tl.full([BLOCK_R], -1, dtype=tl.int32)
+    for n0 in range(s0, s1, BLOCK_N):
+        cols = n0 + offs_n
+        k = tl.load(
+            k_base + cols.to(tl.int64)[:, None] * stride_kn,
+            mask=(cols[:, None] < s1) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = _qk(q, k, 0.0, 0.0, PRECISION, False)
+        s = tl.where(cols[None, :] < s1, s, -1.0e30)
+        # As _row_update's ARGMAX == 2: the tile max, its first column, and strict '>'
+        # so an earlier tile keeps its key on ties.
+        m_tile = tl.max(s, axis=1)
+        a_tile = tl.min(tl.where(s == m_tile[:, None], offs_n[None, :], BLOCK_N), axis=1)
+        a_i = tl.where(m_tile > m_i, n0 + a_tile, a_i)
+        m_i = tl.maximum(m_i, m_tile)
+    out = ((pid_l * tl.num_programs(1) + pid_bk) * n_splits + pid_s) * BLOCK_R + r
+    tl.store(PM + out, m_i)
+    tl.store(PA + out, a_i)
+
+
+@triton.jit
+def _argmax_combine_kernel(
+    PM, PA, OUT, hkv, group, n_splits, key_start,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """One program per (batch row x kv head, layer): the first split reaching the top max
+    (splits are in key order, so ties keep the lowest key), plus ``key_start``."""
+    pid_bk = tl.program_id(0)
+    pid_l = tl.program_id(1)
+    b = pid_bk // hkv
+    kvh = pid_bk % hkv
+    r = tl.arange(0, BLOCK_R)
+    sp = tl.arange(0, BLOCK_S)
+    idx = ((pid_l * tl.num_programs(0) + pid_bk) * n_splits + sp[:, None]) * BLOCK_R + r[None, :]
+    ok = sp[:, None] < n_splits
+    m = tl.load(PM + idx, mask=ok, other=-1.0e30)
+    a_s = tl.load(PA + idx, mask=ok, other=-1)
+    m_top = tl.max(m, axis=0)
+    best = (m == m_top[None, :]) & (a_s >= 0)
+    a_i = tl.min(tl.where(best, a_s, 2147483647), axis=0)
+    a_i = tl.where(a_i == 2147483647, -1, a_i)
+    row_ok = r < group
+    h = kvh * group + r
+    out = (pid_l * tl.num_programs(0) + b * hkv) * group + h
+    tl.store(OUT + out, a_i.to(tl.int64) + key_start, mask=row_ok)
+
+
+def decode_argmax_layers(
+    queries: list[Float[Tensor, "b hq 1 d"]],
+    keys: list[Float[Tensor, "b hkv nk d"]],
+    key_start: int = 0,
+) -> Int64[Tensor, "layers b hq"]:
+    """Argmax key of each query head's single query over its whole key cache, for several
+    layers at once, plus ``key_start`` (the absolute position of key 0).
+
+    Equal to ``attention_stats(q, k, key_stats=False).argmax[:, :, 0] + key_start`` of each
+    layer on the split-K decode path (no mask beyond the cache, no softcap). All layers
+    must share shapes, strides, dtype and device; queries and keys must have unit stride
+    along ``d`` and stay alive until the launches are queued (they are not copied).
+    """
+    q0, k0 = queries[0], keys[0]
+    n_layers = len(queries)
+    b, hq, nq, d = q0.shape
+    hkv, nk = k0.shape[1], k0.shape[2]
+    if nq != 1 or len(keys) != n_layers or hq % hkv:
+        raise ValueError(f"one query per head and a key tensor per layer; got {tuple(q0.shape)}")
+    layout = (q0.shape, q0.stride(), k0.shape, k0.stride())
+    for q, k in zip(queries, keys, strict=True):
+        if (q.shape, q.stride(), k.shape, k.stride()) != layout:
+            raise ValueError("every layer's q and k must share shapes and strides")
+        if q.dtype != k0.dtype or k.dtype != k0.dtype or q.device != k0.device:
+            raise ValueError("every layer's q and k must share dtype and device")
+    if q0.stride(-1) != 1 or k0.stride(-1) != 1:
+        raise ValueError("q and k need unit stride along the head dimension")
+    dev = k0.device
+    out = torch.empty(n_layers, b, hq, dtype=torch.int64, device=dev)
+    if nk == 0:
+        return out.fill_(key_start - 1)
+    group = hq // hkv
+    block_r = max(16, triton.next_power_of_2(group))
+    block_n = 16 if _interpreting() else 64
+    # About four programs per SM over every (layer, batch row, kv head), whole key tiles.
+    programs = n_layers * b * hkv
+    splits = max(1, min(triton.cdiv(nk, block_n), triton.cdiv(4 * _sm_count(dev), programs)))
+    split_len = triton.cdiv(triton.cdiv(nk, splits), block_n) * block_n
+    splits = triton.cdiv(nk, split_len)
+    ptrs = [q.data_ptr() for q in queries] + [k.data_ptr() for k in keys]
+    if dev.type == "cuda":
+        # Pinned and queued without a host sync (the caching host allocator keeps the
+        # buffer until the copy has run).
+        table = torch.tensor(ptrs, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
+    else:  # the interpreter reads CPU tensors
+        table = torch.tensor(ptrs, dtype=torch.int64)
+    n_part = programs * splits * block_r
+    pm = torch.empty(n_part, dtype=torch.float32, device=dev)
+    pa = torch.empty(n_part, dtype=torch.int32, device=dev)
+    cfg = default_config(d, k0.dtype)
+    precision = "ieee" if _interpreting() else cfg.fp32_dot
+    if k0.dtype != torch.float32:
+        precision = "tf32"
+    _argmax_split_kernel[(splits, b * hkv, n_layers)](
+        table, k0, pm, pa,
+        n_layers, q0.stride(0), q0.stride(1), k0.stride(0), k0.stride(1), k0.stride(2),
+        nk, hkv, group, split_len, splits,
+        D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_R=block_r, BLOCK_N=block_n,
+        PRECISION=precision, UPCAST=_interpreting() and k0.dtype == torch.bfloat16,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    _argmax_combine_kernel[(b * hkv, n_layers)](
+        pm, pa, out, hkv, group, splits, key_start,
+        BLOCK_R=block_r, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=4,
+    )  # fmt: skip
+    return out
