@@ -92,7 +92,6 @@ def profile_decoding(model, trials, config, stop) -> dict[str, str]:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
         out[label] = text.getvalue()
-        print(f"--- {label}\n{text.getvalue()}")
     return out
 
 
