@@ -26,6 +26,7 @@ import pstats
 import statistics
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -36,12 +37,15 @@ from headhunt.probes.capture import _cache, greedy_decode
 from headhunt.probes.hooked import load_model
 
 
-def reference_trial(model, trial, max_new_tokens: int, stop_ids: set[int]) -> np.ndarray:
-    """One trial the reference's way; returns its [layers, heads] score."""
+def reference_trial(
+    model, trial, max_new_tokens: int, stop_ids: set[int]
+) -> tuple[np.ndarray, list[int]]:
+    """One trial the reference's way; returns its [layers, heads] score and its tokens."""
     dev = model.device
     prompt = torch.tensor(trial.input_ids, device=dev)
     s, e = trial.span
     scores = np.zeros((model.n_layers, model.n_heads))
+    tokens = []
     with torch.inference_mode():
         out = model.model(prompt[None, :-1], None, None, None, use_cache=True, logits_to_keep=1)
         past, inp = _cache(out), prompt[-1]
@@ -54,6 +58,7 @@ def reference_trial(model, trial, max_new_tokens: int, stop_ids: set[int]) -> np
                 )
                 past = _cache(out)
                 inp = out.logits[0, -1].argmax()
+                tokens.append(inp.item())
                 for layer in range(model.n_layers):
                     for head in range(model.n_heads):
                         values, idx = out.attentions[layer][0][head][-1].topk(1)
@@ -65,30 +70,37 @@ def reference_trial(model, trial, max_new_tokens: int, stop_ids: set[int]) -> np
         finally:
             for m in model.modules:
                 m.headhunt_base = "sdpa"
-    return scores
+    return scores, tokens
+
+
+@contextmanager
+def per_layer_path():
+    """headhunt with the decode argmax taken one layer at a time (attention_stats)."""
+    batched = capture.DecodeArgmax._batched_ok
+    capture.DecodeArgmax._batched_ok = lambda self, call: False
+    try:
+        yield
+    finally:
+        capture.DecodeArgmax._batched_ok = batched
 
 
 def profile_decoding(model, trials, config, stop) -> dict[str, str]:
     """cProfile of decoding the first length's first batch: plain, headhunt, per layer."""
     group = [t for t in trials if t.length == trials[0].length]
     prompts = torch.tensor([t.input_ids for t in group[: config.batch_size or len(group)]])
-    batched = capture._batched_argmax_ok
     out = {}
-    for label, cap, ok in [
-        ("plain_greedy", False, batched),
-        ("headhunt", True, batched),
-        ("per_layer", True, lambda q, k: False),
+    for label, cap, path in [
+        ("plain_greedy", False, nullcontext),
+        ("headhunt", True, nullcontext),
+        ("per_layer", True, per_layer_path),
     ]:
-        capture._batched_argmax_ok = ok
         prof = cProfile.Profile()
-        try:
+        with path():
             prof.enable()
             greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, capture_argmax=cap)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             prof.disable()
-        finally:
-            capture._batched_argmax_ok = batched
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
         out[label] = text.getvalue()
@@ -169,12 +181,8 @@ def main() -> None:
         return run_trials(model, trials, config, progress=False)
 
     def per_layer():
-        batched = capture._batched_argmax_ok
-        capture._batched_argmax_ok = lambda q, k: False
-        try:
+        with per_layer_path():
             return run_trials(model, trials, config, progress=False)
-        finally:
-            capture._batched_argmax_ok = batched
 
     def plain():
         by_len: dict[int, list] = {}
@@ -204,10 +212,8 @@ def main() -> None:
     )
     run_trials(model, build_trials(model, warm), warm, progress=False)
     if "per_layer" in methods:
-        per_layer_warm = capture._batched_argmax_ok
-        capture._batched_argmax_ok = lambda q, k: False
-        run_trials(model, build_trials(model, warm), warm, progress=False)
-        capture._batched_argmax_ok = per_layer_warm
+        with per_layer_path():
+            run_trials(model, build_trials(model, warm), warm, progress=False)
     if "reference_loop" in methods:
         reference_trial(model, trials[0], 4, stop)
 
@@ -235,15 +241,26 @@ def main() -> None:
     ours_med = summary["headhunt"]["median_s"]
     check = {}
     if "reference_loop" in outputs:
-        a = np.array([outputs["headhunt"][i]["scores"] for i in sample])
-        b = np.array(outputs["reference_loop"])
+        ours_s = [outputs["headhunt"][i] for i in sample]
+        a = np.array([r["scores"] for r in ours_s])
+        b = np.array([scores for scores, _ in outputs["reference_loop"]])
         diff = np.abs(a - b).max((1, 2))
+        # A differing trial whose two decoders wrote different responses differs for that
+        # reason alone (other tokens to copy, other steps).
+        responses = [
+            model.tokenizer.decode([x for x in toks if x not in stop], skip_special_tokens=True)
+            for _, toks in outputs["reference_loop"]
+        ]
+        same = [r["response"] == x for r, x in zip(ours_s, responses, strict=True)]
         check = {
             "trials": len(sample),
             "max_abs_diff": float(diff.max()),
             "identical_trials": int((diff < 1e-6).sum()),
-            "differing_trial_ids": [
-                trials[i].id for i, d in zip(sample, diff, strict=True) if d >= 1e-6
+            "same_responses": sum(same),
+            "differing": [
+                {"id": r["id"], "max_diff": float(d), "same_response": ok}
+                for r, d, ok in zip(ours_s, diff, same, strict=True)
+                if d >= 1e-6
             ],
         }
         summary["speedup_vs_reference"] = (

@@ -29,7 +29,12 @@ from .triton_stats import _interpreting, _qk, _sm_count, default_config
 __all__ = ["decode_argmax_layers"]
 
 
-@triton.jit
+# Arguments that change from step to step or batch to batch: not specialised on (equal to 1,
+# divisible by 16), or each new combination would compile the kernel again mid-run.
+_VARYING = ["n_layers", "nk", "split_len", "n_splits"]
+
+
+@triton.jit(do_not_specialize=_VARYING)
 def _argmax_split_kernel(
     PTRS, K0, PM, PA,
     n_layers, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn,
@@ -88,7 +93,7 @@ def _argmax_split_kernel(
     tl.store(PA + out, a_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits", "key_start"])
 def _argmax_combine_kernel(
     PM, PA, OUT, hkv, group, n_splits, key_start,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,

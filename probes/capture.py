@@ -138,15 +138,29 @@ class DecodeArgmax(AttentionHook):
             return
         if call.layer in self._pending:  # a new step before anyone read the last one
             self._flush()
-        kw = call.kernel_kwargs()
-        if kw.keys() <= self._WHOLE_CACHE and _batched_argmax_ok(call.query, call.key):
+        # Without a mask the query sees its whole cache (kernel_kwargs would say only
+        # scale, causality, offset, softcap and sinks): the cheap check first.
+        plain = call.attention_mask is None and call.softcap is None
+        kw = None if plain else call.kernel_kwargs()
+        if (plain or kw.keys() <= self._WHOLE_CACHE) and self._batched_ok(call):
             self._pending[call.layer] = (call.query, call.key, call.key_start)
             return
         # The kernels' decode path (split-K on CUDA) scores in float32 like the model's own
         # kernel accumulates, and takes the lowest key on ties.
+        kw = call.kernel_kwargs() if kw is None else kw
         stats = attention_stats(call.query, call.key, key_stats=False, **kw)
         self._step[call.layer] = stats.argmax[:, :, 0] + call.key_start
         self._all = None
+
+    def _batched_ok(self, call: AttentionCall) -> bool:
+        """Whether the call can go to the many-layer kernel (CUDA with Triton, a dtype and
+        head size it takes, unit stride along d)."""
+        q, k = call.query, call.key
+        if not q.is_cuda or q.dtype != k.dtype or q.device != k.device:
+            return False
+        if q.stride(-1) != 1 or k.stride(-1) != 1:
+            return False
+        return _batched_argmax_ok(q, k)
 
     @property
     def step(self) -> list[Tensor | None]:
@@ -185,20 +199,10 @@ class DecodeArgmax(AttentionHook):
 
 
 def _batched_argmax_ok(q: Tensor, k: Tensor) -> bool:
-    """Whether a decode call can go to the many-layer argmax kernel (CUDA, Triton, its dtype
-    and head size, unit stride along d)."""
+    """The rest of :meth:`DecodeArgmax._batched_ok`: Triton importable, dtype and head size."""
     from headhunt.kernels.api import _DTYPES, _TRITON_MAX_HEAD_DIM, triton_available
 
-    return (
-        q.is_cuda
-        and q.dtype == k.dtype
-        and q.dtype in _DTYPES
-        and q.device == k.device
-        and q.shape[-1] <= _TRITON_MAX_HEAD_DIM
-        and q.stride(-1) == 1
-        and k.stride(-1) == 1
-        and triton_available()
-    )
+    return q.dtype in _DTYPES and q.shape[-1] <= _TRITON_MAX_HEAD_DIM and triton_available()
 
 
 @dataclass
@@ -263,12 +267,15 @@ def greedy_decode(
                 past = _cache(out)
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
-                if cap is not None:
-                    # Layers may sit on several devices (--device-map): gather on the first.
-                    argmax.append(cap.stacked(dev))
                 lengths += (~done).long()
                 done |= torch.isin(nxt, stop)
-                if bool(done.all()):  # the one host sync per step
+                finished = bool(done.all())  # the one host sync per step
+                if cap is not None:
+                    # After the sync, so the argmax kernels run while the host prepares the
+                    # next step. Layers may sit on several devices (--device-map): gather on
+                    # the first.
+                    argmax.append(cap.stacked(dev))
+                if finished:
                     break
                 cur = nxt[:, None]
     return Decoded(

@@ -30,7 +30,7 @@ def test_many_layer_decode_argmax_equals_per_layer_path(tiny, monkeypatch, padde
     if padded:  # left pads: those rows' layers take the per-layer path (key_lo / key_hi)
         mask = torch.ones_like(ids)
         mask[1, :4] = 0
-    monkeypatch.setattr(capture, "_batched_argmax_ok", lambda q, k: False)
+    monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: False)
     ref = greedy_decode(tiny, ids, max_new_tokens=6, capture_argmax=True, attention_mask=mask)
 
     launches = []
@@ -40,7 +40,7 @@ def test_many_layer_decode_argmax_equals_per_layer_path(tiny, monkeypatch, padde
         launches.append(len(queries))
         return real(queries, keys, key_start)
 
-    monkeypatch.setattr(capture, "_batched_argmax_ok", lambda q, k: True)
+    monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
     monkeypatch.setattr(td, "decode_argmax_layers", counted)
     got = greedy_decode(tiny, ids, max_new_tokens=6, capture_argmax=True, attention_mask=mask)
     assert torch.equal(got.tokens, ref.tokens)
@@ -51,7 +51,7 @@ def test_many_layer_decode_argmax_equals_per_layer_path(tiny, monkeypatch, padde
 
 def test_decode_argmax_flushes_an_unread_step(tiny, monkeypatch):
     # A hook whose steps are never read keeps at most one step's tensors.
-    monkeypatch.setattr(capture, "_batched_argmax_ok", lambda q, k: True)
+    monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
     monkeypatch.setattr(td, "decode_argmax_layers", _per_layer)
     cap = capture.DecodeArgmax(tiny.n_layers)
     ids = torch.randint(5, 60, (1, 9), device=tiny.device)
