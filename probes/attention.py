@@ -10,6 +10,8 @@ queries after rotary embedding and the whole key cache during cached decoding. C
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -138,15 +140,25 @@ class AttentionCall:
     def visible_keys(self) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
         """First and last visible key index of every row from the mask (None: no mask, so
         causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
-        (a left pad) gets ``(n_k, -1)``. Cached per call."""
+        (a left pad) gets ``(n_k, -1)``. Cached per call, and per mask for the other layers
+        that get the same mask tensor (see :class:`_MaskMemo`)."""
         if "_visible" not in self.__dict__:
-            vis = _mask_intervals(
-                self.attention_mask, self.query.shape[2], self.key.shape[2], self.layer
-            )
+            vis = None
+            if self.attention_mask is not None:
+                memo = self._mask_memo()
+                if "intervals" not in memo:
+                    memo["intervals"] = _mask_intervals(
+                        self.attention_mask, self.query.shape[2], self.key.shape[2], self.layer
+                    )
+                vis = memo["intervals"]
             if vis is not None:  # a mask shared by the batch: one row per batch row
                 vis = tuple(t.expand(self.query.shape[0], -1) for t in vis)
             self.__dict__["_visible"] = vis
         return self.__dict__["_visible"]
+
+    def _mask_memo(self) -> dict[Any, Any]:
+        """What was derived from this call's mask for these query and key counts."""
+        return _MASK_MEMO.get(self.attention_mask, self.query.shape[2], self.key.shape[2])
 
     def kernel_kwargs(self, batch: int | None = None) -> dict[str, Any]:
         """Keyword arguments of :func:`headhunt.kernels.attention_stats` (and
@@ -163,12 +175,20 @@ class AttentionCall:
         if vis is None:
             return kw
         lo, hi = vis
-        for window in (None, self.window):
-            exp_lo, exp_hi = self._plain_intervals(window)
-            if bool((lo == exp_lo).all()) and bool((hi == exp_hi).all()):
-                if window is not None:
-                    kw["window"] = window
-                return kw
+        # Whether the mask is plain causal (or causal + window): one comparison (two host
+        # syncs) per mask and layer kind, not per layer.
+        memo, key = self._mask_memo(), ("plain", self.causal, self.window)
+        if key not in memo:
+            memo[key] = "mask"
+            for window in (None, self.window):
+                exp_lo, exp_hi = self._plain_intervals(window)
+                if bool((lo == exp_lo).all()) and bool((hi == exp_hi).all()):
+                    memo[key] = window
+                    break
+        if memo[key] != "mask":
+            if memo[key] is not None:
+                kw["window"] = memo[key]
+            return kw
         kw["causal"] = False  # the mask says everything: causality is inside the intervals
         if batch is not None:
             lo, hi = lo[batch : batch + 1], hi[batch : batch + 1]
@@ -266,6 +286,42 @@ def _layer_type(module: Any) -> str | None:
     if types is None or idx is None or idx >= len(types):
         return None
     return types[idx]
+
+
+class _MaskMemo:
+    """What was derived from recent mask tensors (row intervals, whether they are plain).
+
+    transformers builds one mask per layer type and forward and hands the same tensor to
+    every layer of that type, so deriving it once saves each other layer the work and its
+    host syncs. Entries are found by the tensor's identity (held by a weak reference, so a
+    memo never keeps a mask alive nor mistakes a new tensor at a reused address for it), its
+    version counter where it has one (an in-place change makes a new entry; tensors made
+    under ``inference_mode`` have none, and transformers never changes a mask in place) and
+    the query and key counts.
+    """
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.entries: OrderedDict[tuple, tuple[weakref.ref, dict[Any, Any]]] = OrderedDict()
+
+    def get(self, mask: Tensor, nq: int, nk: int) -> dict[Any, Any]:
+        try:
+            version = mask._version
+        except RuntimeError:  # an inference tensor has no version counter
+            version = None
+        key = (id(mask), version, nq, nk)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0]() is mask:
+            self.entries.move_to_end(key)
+            return hit[1]
+        memo: dict[Any, Any] = {}
+        self.entries[key] = (weakref.ref(mask), memo)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return memo
+
+
+_MASK_MEMO = _MaskMemo()
 
 
 def _mask_intervals(
