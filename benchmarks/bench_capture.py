@@ -1,8 +1,22 @@
 """End-to-end capture benchmark: per-head attention statistics (lse, argmax, column sums) of
 every layer in one forward pass, against a plain SDPA forward of the same model and input.
 
-    python benchmarks/bench_capture.py --model smollm2-135m --length 8192
-    python benchmarks/bench_capture.py --llama8b --length 32768      # random 8B-shaped Llama, GPU
+Variants, each timed in the same process on the same card (median after a warm-up):
+
+- ``plain``: the model's forward (its own SDPA kernel), nothing captured;
+- ``fused_rows``: row statistics (lse, max, argmax) of every layer from the fused kernel,
+  which computes each layer's attention output as well (no column pass);
+- ``fused_cols``: the same plus column sums / means (one more pass over the keys);
+- ``two_pass``: the model's SDPA, then the statistics kernels on q, k (``fused=False``,
+  row and column passes), the path before the fused kernel.
+
+``--layer`` adds one attention layer of the model's shape on its own (CUDA): SDPA as the
+model calls it, the fused kernel, the column pass alone, and the column pass's floor on
+this card (its matrix products at the measured bf16 matmul rate, its exponentials at the
+special-function units' rate), plus the fused output's largest difference from SDPA's.
+
+    python benchmarks/bench_capture.py --model smollm2-135m --lengths 8192
+    python benchmarks/bench_capture.py --llama8b --lengths 65536,131072 --layer  # 8B shape, GPU
 """
 
 from __future__ import annotations
@@ -10,11 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import time
 
 import torch
 
-from headhunt.probes.capture import capture_attention_stats
+from headhunt.probes.capture import StatsCapture
 from headhunt.probes.hooked import HookedModel, load_model
 
 
@@ -62,6 +77,156 @@ def measure(fn, device: torch.device, repeats: int) -> dict:
     }
 
 
+def _bench_ms(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"))
+
+
+def _mufu_ex2_per_s(device: torch.device) -> float:
+    """Peak ``ex2`` rate of the special-function units: 16 per SM per clock on Hopper
+    (4 per SM sub-partition, CUDA C programming guide's arithmetic throughput table), at
+    the card's maximum SM clock (nvidia-smi)."""
+    props = torch.cuda.get_device_properties(device)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
+         str(device.index or 0)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return props.multi_processor_count * 16 * float(out.split()[0]) * 1e6
+
+
+def layer_bench(model: HookedModel, n: int) -> dict:
+    """One attention layer of the model's shape at ``n`` tokens, bf16, causal, with q, k, v
+    laid out as the model hands them over ([b, n, heads, d] memory, viewed [b, heads, n, d])."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from headhunt.kernels import attention_forward, attention_stats
+    from headhunt.kernels.triton_fused import fused_config
+    from headhunt.kernels.triton_stats import _launch_col, _prepare, _with_bounds
+
+    dev, dt = model.device, model.dtype
+    hq, hkv, d = model.n_heads, model.n_kv_heads, model.head_dim
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, n, hq, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    k = torch.randn(1, n, hkv, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    v = torch.randn(1, n, hkv, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    module = model.modules[0]
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def run_sdpa():
+        return sdpa(module, q, k, v, None, dropout=0.0, scaling=module.scaling)[0]
+
+    out = {"tokens": n}
+    out["sdpa_ms"] = _bench_ms(run_sdpa)
+    out["fused_rows_ms"] = _bench_ms(lambda: attention_forward(q, k, v, key_stats=False))
+    out["fused_cols_ms"] = _bench_ms(lambda: attention_forward(q, k, v))
+    out["two_pass_stats_ms"] = _bench_ms(lambda: attention_stats(q, k))
+    fo, fst = attention_forward(q, k, v, key_stats=False)
+    L = _with_bounds(_prepare(q, k, causal=True, scale=None, q_offset=None,
+                              config=fused_config(d, dt)))  # fmt: skip
+    col_sum = torch.empty(1, hq, n, device=dev)
+    col_mean = torch.empty_like(col_sum)
+    out["column_pass_ms"] = _bench_ms(lambda: _launch_col(L, fst.lse, col_sum, col_mean))
+    ref = run_sdpa()
+    diff = (fo.transpose(1, 2).float() - ref.float()).abs()
+    out["fused_vs_sdpa_max_abs_diff"] = diff.max().item()
+    out["fused_vs_sdpa_mean_abs_diff"] = diff.mean().item()
+    out["sdpa_output_max_abs"] = ref.float().abs().max().item()
+    # Floor of the column pass: a causal QK^T (2 d flops per visible score) at the measured
+    # bf16 matmul rate, and one exp2 per visible score at the special-function units' rate.
+    a = torch.randn(8192, 8192, device=dev, dtype=dt)
+    mm_flops = 2 * 8192**3 / (_bench_ms(lambda: a @ a) * 1e-3)
+    visible = hq * n * (n + 1) / 2
+    qk_ms = 2 * d * visible / mm_flops * 1e3
+    exp_ms = visible / _mufu_ex2_per_s(dev) * 1e3
+    out["matmul_tflops_measured"] = mm_flops / 1e12
+    out["column_floor"] = {
+        "qk_ms": qk_ms,
+        "exp_ms": exp_ms,
+        "overlapped_ms": max(qk_ms, exp_ms),
+        "serial_ms": qk_ms + exp_ms,
+    }
+    return out
+
+
+def sweep(model: HookedModel, n: int, candidates: list[tuple[int, int, int, int]]) -> dict:
+    """Time the fused forward (row statistics only) for tile choices (block_m, block_n,
+    warps, stages) at one layer of ``n`` tokens; install the fastest as the default."""
+    import dataclasses
+
+    from headhunt.kernels import triton_fused
+    from headhunt.kernels.triton_fused import attention_forward_triton, fused_config
+
+    dev, dt, d = model.device, model.dtype, model.head_dim
+    q = torch.randn(1, n, model.n_heads, d, device=dev, dtype=dt).transpose(1, 2)
+    k = torch.randn(1, n, model.n_kv_heads, d, device=dev, dtype=dt).transpose(1, 2)
+    v = torch.randn_like(k)
+    base = fused_config(d, dt)
+    times = {}
+    for bm, bn, w, st in candidates:
+        cfg = dataclasses.replace(base, row_block_m=bm, row_block_n=bn, row_warps=w, row_stages=st)
+        try:
+            ms = _bench_ms(
+                lambda cfg=cfg: attention_forward_triton(q, k, v, key_stats=False, config=cfg)
+            )
+        except Exception as e:  # out of shared memory / registers: not a candidate
+            print(f"config {bm, bn, w, st}: {type(e).__name__}", flush=True)
+            continue
+        times[f"{bm}x{bn}w{w}s{st}"] = ms
+        print(f"config {bm}x{bn} warps {w} stages {st}: {ms:.2f} ms", flush=True)
+    best = min(times, key=times.get)
+    bm, rest = best.split("x")
+    bn, rest = rest.split("w")
+    w, st = rest.split("s")
+    chosen = dataclasses.replace(
+        base, row_block_m=int(bm), row_block_n=int(bn), row_warps=int(w), row_stages=int(st)
+    )
+    triton_fused.fused_config = lambda head_dim, dtype=dt: chosen
+    return {"tokens": n, "ms": times, "chosen": best}
+
+
+def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bool) -> dict:
+    """Plain forward vs the capture variants (module docstring) on ``ids``."""
+    dev = model.device
+    logits = {}
+
+    def plain():
+        with torch.inference_mode():
+            logits["plain"] = model.model(ids, use_cache=False, logits_to_keep=1).logits
+
+    def capture(key_stats: bool, fused: bool, tag: str):
+        def fn():
+            cap = StatsCapture(fused=fused, key_stats=key_stats)
+            with model.hooks(cap), torch.inference_mode():
+                out = model.model(ids, use_cache=False, logits_to_keep=1)
+            logits[tag] = out.logits
+            assert len(cap.stats) == model.n_layers
+            assert (cap.stats[0].col_sum is not None) == key_stats
+
+        return fn
+
+    run = {"length": ids.shape[1]}
+    run["plain"] = measure(plain, dev, repeats)
+    run["fused_rows"] = measure(capture(False, True, "fused"), dev, repeats)
+    run["fused_cols"] = measure(capture(True, True, "fused"), dev, repeats)
+    if two_pass:
+        run["two_pass"] = measure(capture(True, False, "two_pass"), dev, repeats)
+    base = run["plain"]
+    for key in ("fused_rows", "fused_cols", "two_pass"):
+        if key in run:
+            run[key]["time_ratio"] = run[key]["median_s"] / base["median_s"]
+            if base["peak_extra_gib"]:
+                run[key]["memory_ratio"] = run[key]["peak_extra_gib"] / base["peak_extra_gib"]
+    # The last position's logits through the fused kernel vs through the model's own kernel.
+    lp = logits["plain"].float()
+    run["fused_logits_max_abs_diff"] = (logits["fused"].float() - lp).abs().max().item()
+    run["logits_max_abs"] = lp.abs().max().item()
+    if "two_pass" in logits:
+        run["two_pass_logits_equal_plain"] = bool(torch.equal(logits["two_pass"], logits["plain"]))
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,8 +236,16 @@ def main() -> None:
         "--llama8b", action="store_true", help="random 8B-shaped Llama instead of --model"
     )
     p.add_argument("--device", default="auto")
-    p.add_argument("--length", type=int, default=8192)
+    p.add_argument("--lengths", default="8192", help="comma-separated token counts")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--two-pass-upto", type=int, default=1 << 30,
+        help="time the two-pass variant only up to this many tokens",
+    )  # fmt: skip
+    p.add_argument("--layer", action="store_true", help="also time one attention layer alone")
+    p.add_argument(
+        "--sweep", type=int, default=0, help="first pick the fused tiles at this many tokens"
+    )
     p.add_argument(
         "--eager-layer", action="store_true", help="also try one layer's dense N x N pattern"
     )
@@ -85,39 +258,33 @@ def main() -> None:
     else:
         model = load_model(args.model, device=args.device)
     dev = model.device
-    ids = torch.randint(100, 20_000, (1, args.length), device=dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    print(
-        f"{model.name} ({model.n_layers}x{model.n_heads}, {model.n_kv_heads} KV, d{model.head_dim}) "
-        f"at {args.length} tokens on {name}, {model.dtype}",
-        flush=True,
-    )
-
-    def plain():
-        with torch.inference_mode():
-            model.model(ids, use_cache=False, logits_to_keep=1)
-
-    def stats():
-        out = capture_attention_stats(model, ids)
-        assert len(out) == model.n_layers and out[0].col_sum.shape[-1] == args.length
-
-    report = {
-        "model": model.name,
-        "shape": model.describe(),
-        "device": name,
-        "length": args.length,
-        "plain_sdpa_forward": measure(plain, dev, args.repeats),
-        "stats_capture_forward": measure(stats, dev, args.repeats),
-    }
-    report["time_ratio"] = (
-        report["stats_capture_forward"]["median_s"] / report["plain_sdpa_forward"]["median_s"]
-    )
-    if args.eager_layer:
-        # What eager capture needs for ONE layer: the [heads, n, n] pattern (bf16 scores, fp32 softmax).
+    report = {"model": model.name, "shape": model.describe(), "device": name, "runs": []}
+    if args.sweep:
+        cands = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+                 (128, 32, 8, 4), (64, 128, 4, 2)]  # fmt: skip
+        report["sweep"] = sweep(model, args.sweep, cands)
+    for n in map(int, args.lengths.split(",")):
+        ids = torch.randint(100, 20_000, (1, n), device=dev)
+        print(
+            f"{model.name} ({model.n_layers}x{model.n_heads}, {model.n_kv_heads} KV, "
+            f"d{model.head_dim}) at {n} tokens on {name}, {model.dtype}",
+            flush=True,
+        )
+        run = end_to_end(model, ids, args.repeats, two_pass=n <= args.two_pass_upto)
+        if args.layer and dev.type == "cuda":
+            run["layer"] = layer_bench(model, n)
+        print(json.dumps(run, indent=2), flush=True)
+        report["runs"].append(run)
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.eager_layer and dev.type == "cuda":
+        n = int(args.lengths.split(",")[-1])
+        # What eager capture needs for ONE layer: the [heads, n, n] pattern (bf16 scores,
+        # fp32 softmax).
         try:
-            q = torch.randn(
-                1, model.n_heads, args.length, model.head_dim, device=dev, dtype=model.dtype
-            )
+            q = torch.randn(1, model.n_heads, n, model.head_dim, device=dev, dtype=model.dtype)
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             s = q @ q.transpose(-1, -2)
@@ -129,7 +296,6 @@ def main() -> None:
         except torch.OutOfMemoryError as e:
             report["eager_one_layer"] = {"error": "OOM", "detail": str(e).splitlines()[0]}
         torch.cuda.empty_cache()
-    print(json.dumps(report, indent=2))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
 

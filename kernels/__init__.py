@@ -10,19 +10,29 @@ attention defines them.
 
 Backends: a blocked PyTorch implementation (any device; the CPU path and test oracle)
 and Triton kernels for CUDA (a row pass and a column pass; for a few queries over a long
-cache, split-K decode kernels for the row statistics). Triton is imported lazily, so this package imports
-without Triton or CUDA.
+cache, split-K decode kernels for the row statistics). ``attention_forward`` returns the
+attention output with the same statistics; on CUDA one fused kernel computes the output and
+the row statistics together. Triton is imported lazily, so this package imports without
+Triton or CUDA.
 """
 
-from .api import attention_probs_at, attention_stats, triton_available
+from .api import (
+    attention_forward,
+    attention_probs_at,
+    attention_stats,
+    fused_supported,
+    triton_available,
+)
 from .masks import key_visible_counts, row_key_bounds
 from .reference import visible_query_count
 from .types import AttentionStats
 
 __all__ = [
     "AttentionStats",
+    "attention_forward",
     "attention_probs_at",
     "attention_stats",
+    "fused_supported",
     "key_visible_counts",
     "row_key_bounds",
     "triton_available",

@@ -9,10 +9,16 @@ import torch
 from jaxtyping import Float, Int64
 from torch import Tensor
 
-from .reference import attention_probs_at_torch, attention_stats_torch
+from .reference import attention_forward_torch, attention_probs_at_torch, attention_stats_torch
 from .types import AttentionStats
 
-__all__ = ["attention_probs_at", "attention_stats", "triton_available"]
+__all__ = [
+    "attention_forward",
+    "attention_probs_at",
+    "attention_stats",
+    "fused_supported",
+    "triton_available",
+]
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -223,6 +229,103 @@ def attention_stats(
         used = {name: value for name, value in options.items() if value is not None}
         return attention_stats_triton(q, k, **kwargs, **used)
     return attention_stats_torch(q, k, **kwargs, **options)
+
+
+def fused_supported(q: Tensor, k: Tensor, v: Tensor, *, options: dict | None = None) -> bool:
+    """Whether :func:`attention_forward`'s Triton kernel serves these tensors: CUDA with
+    Triton, one dtype, head dim <= 256 and the same for values, every option set one it
+    implements, and not a decode shape (a few query rows per kv head over a long cache,
+    which the split-K row kernels of :func:`attention_stats` serve far better)."""
+    from .triton_stats import DECODE_MAX_ROWS, DECODE_MIN_KEYS
+
+    if not (q.is_cuda and triton_available()) or q.dim() != 4 or v.dim() != 4:
+        return False
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in _DTYPES:
+        return False
+    d, hq, nq = q.shape[-1], q.shape[1], q.shape[2]
+    if d > _TRITON_MAX_HEAD_DIM or v.shape[-1] != d or k.shape[1] == 0:
+        return False
+    if any(val is not None and n not in _TRITON_OPTIONS for n, val in (options or {}).items()):
+        return False
+    return not (nq * (hq // k.shape[1]) <= DECODE_MAX_ROWS and k.shape[2] >= DECODE_MIN_KEYS)
+
+
+def attention_forward(
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    v: Float[Tensor, "b hkv nk dv"],
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    key_stats: bool = True,
+    entropy: bool = False,
+    q_offset: int | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " hq"] | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
+    backend: Backend = "auto",
+) -> tuple[Float[Tensor, "b hq nq dv"], AttentionStats]:
+    """The attention output and :func:`attention_stats`' statistics, from one forward.
+
+    ``out_i = sum_j p_ij v_j`` over the keys row ``i`` sees, with the scores, masks,
+    softcap and sink logits of :func:`attention_stats` (every argument means the same;
+    with sinks the sink slot takes its share of each row and contributes no value, as in
+    gpt-oss). A row that sees no key gets a zero output.
+
+    On the Triton backend (:func:`fused_supported`) the output and the row statistics come
+    out of one FlashAttention-style pass (scores in float32, probabilities rounded to the
+    value dtype for the ``p @ v`` product, as flash kernels do); ``key_stats`` adds exactly
+    one pass over the keys, which needs every row's final lse. The torch backend computes
+    the statistics, then the output from their lse (float32), block by block.
+
+    Args:
+        q, k: As in :func:`attention_stats`.
+        v: Values ``[batch, kv heads, keys, value dim]`` (same kv heads as ``k``).
+        causal, scale, key_stats, entropy, q_offset, window, chunk, softcap, sinks,
+        key_lo, key_hi: As in :func:`attention_stats`.
+        backend: ``"auto"`` (Triton when :func:`fused_supported`, else torch), ``"torch"``
+            or ``"triton"`` (raises ``ValueError`` for what it does not support).
+
+    Returns:
+        ``(out, stats)``: ``out`` ``[batch, query heads, queries, value dim]`` in ``v``'s
+        dtype (from Triton, over ``[b, nq, hq, d]`` memory: ``out.transpose(1, 2)`` is
+        contiguous); ``stats`` as :func:`attention_stats` returns them.
+    """
+    b, hq, nq, d, hkv, nk = _check_qk(q, k)
+    if v.dim() != 4 or tuple(v.shape[:3]) != (b, hkv, nk):
+        raise ValueError(f"v must be [{b}, {hkv}, {nk}, dv]; got {tuple(v.shape)}")
+    if v.device != q.device:
+        raise ValueError(f"q on {q.device} but v on {v.device}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if not scale > 0:
+        raise ValueError(f"scale must be positive; got {scale}")
+    if q_offset is None:
+        q_offset = nk - nq
+    options = _check_mask_options(
+        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
+    )
+    kwargs = dict(
+        causal=causal, scale=float(scale), key_stats=key_stats, entropy=entropy,
+        q_offset=int(q_offset),
+    )  # fmt: skip
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
+    use_triton = backend == "auto" and fused_supported(q, k, v, options=options)
+    if backend == "triton":
+        _pick_backend("triton", q, d, options)  # raises for an unsupported option
+        if v.shape[-1] != d:
+            raise ValueError(f"the Triton backend needs value dim = head dim ({d})")
+        use_triton = True
+    if use_triton:
+        from .triton_fused import attention_forward_triton
+
+        used = {name: value for name, value in options.items() if value is not None}
+        return attention_forward_triton(q, k, v, **kwargs, **used)
+    return attention_forward_torch(q, k, v, **kwargs, **options)
 
 
 def attention_probs_at(

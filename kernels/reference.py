@@ -21,7 +21,12 @@ from torch import Tensor
 from .masks import key_visible_counts, row_key_bounds
 from .types import AttentionStats
 
-__all__ = ["attention_stats_torch", "default_block_q", "visible_query_count"]
+__all__ = [
+    "attention_forward_torch",
+    "attention_stats_torch",
+    "default_block_q",
+    "visible_query_count",
+]
 
 # Target size (in float32 elements) of one block of scores on CPU. 2**20 floats = 4 MiB
 # keeps the score block close to L2/L3 on small CPUs, so the five element-wise passes
@@ -345,3 +350,64 @@ def attention_probs_at_torch(
     # A row that sees no key has lse = -inf (or its sink logit); every pair of it is
     # forbidden anyway, and the where() keeps exp(+inf) out of the result.
     return torch.where(allowed, torch.exp(s - lse_rows), 0.0)
+
+
+def attention_forward_torch(
+    q: Float[Tensor, "b hq nq d"],
+    k: Float[Tensor, "b hkv nk d"],
+    v: Float[Tensor, "b hkv nk dv"],
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    key_stats: bool = True,
+    entropy: bool = False,
+    q_offset: int | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " hq"] | None = None,
+    key_lo: Int64[Tensor, "b nq"] | None = None,
+    key_hi: Int64[Tensor, "b nq"] | None = None,
+    block_q: int | None = None,
+) -> tuple[Float[Tensor, "b hq nq dv"], AttentionStats]:
+    """Blocked PyTorch implementation of :func:`headhunt.kernels.attention_forward`.
+
+    Two passes, unlike the fused Triton kernel (which is tested against it): the
+    statistics of :func:`attention_stats_torch`, then ``out_i = sum_j p_ij v_j`` with
+    ``p_ij = exp(s_ij - lse_i)`` from those statistics' ``lse`` (so the sink logit's
+    share is left out of the output, as gpt-oss' eager attention drops the sink column).
+    A row that sees no key gets a zero output. Computed in float32, returned in ``v``'s
+    dtype; memory stays linear in the sequence length (blocks of ``block_q`` queries).
+    """
+    stats = attention_stats_torch(
+        q, k, causal=causal, scale=scale, key_stats=key_stats, entropy=entropy,
+        q_offset=q_offset, window=window, chunk=chunk, softcap=softcap, sinks=sinks,
+        key_lo=key_lo, key_hi=key_hi, block_q=block_q,
+    )  # fmt: skip
+    b, hq, nq, d = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q_offset = nk - nq if q_offset is None else q_offset
+    dev, f32 = q.device, torch.float32
+    lo, hi = row_key_bounds(
+        b, nq, nk, causal=causal, q_offset=q_offset, window=window, chunk=chunk,
+        key_lo=key_lo, key_hi=key_hi, device=dev,
+    )  # fmt: skip
+    out = torch.zeros(b, hkv, group, nq, dv, dtype=f32, device=dev)
+    kf, vf = k.to(f32), v.to(f32)
+    qg = q.to(f32).view(b, hkv, group, nq, d)
+    lse_g = stats.lse.view(b, hkv, group, nq)
+    nb = block_q or default_block_q(b * hq, max(nk, 1), dev)
+    cols = torch.arange(nk, device=dev)
+    for i0 in range(0, nq, nb):
+        i1 = min(i0 + nb, nq)
+        s = torch.matmul(qg[:, :, :, i0:i1], kf.unsqueeze(2).transpose(-1, -2)) * scale
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        seen = (cols >= lo[:, i0:i1, None]) & (cols <= hi[:, i0:i1, None])  # [b, rows, nk]
+        seen = seen.view(b, 1, 1, i1 - i0, nk)
+        # Masked entries (and every entry of a row without keys, lse = -inf) give 0.
+        p = torch.where(seen, torch.exp(s - lse_g[..., i0:i1, None]), 0.0)
+        out[:, :, :, i0:i1] = torch.matmul(p, vf.unsqueeze(2))
+    return out.view(b, hq, nq, dv).to(v.dtype), stats

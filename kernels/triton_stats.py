@@ -295,7 +295,34 @@ def _row_update(
     EXP: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state.
+    """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state
+    (see :func:`_softmax_tile`)."""
+    m_i, l_i, a_i, t_i, e, alpha = _softmax_tile(
+        s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, MASKED, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM
+    )
+    return m_i, l_i, a_i, t_i
+
+
+@triton.jit
+def _softmax_tile(
+    s,
+    m_i,
+    l_i,
+    a_i,
+    t_i,
+    n0,
+    valid,
+    qk_scale,
+    MASKED: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    ARGMAX: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EXP: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """Fold one tile of raw products ``s = q . k`` [BLOCK_M, BLOCK_N] into the row state;
+    also return the tile's exponentials ``e`` (0 where masked) and the rescale factor
+    ``alpha`` of the old state, which an output accumulator needs (``acc * alpha + e @ v``).
 
     ``m_i`` is the running max of the raw products; since ``qk_scale > 0`` the scaling
     commutes with max, and it is folded into the exponent as one FMA per element,
@@ -343,7 +370,7 @@ def _row_update(
         # t re-based to the new max (masked entries: e = 0, shifted finite).
         t_i = alpha * (t_i + (m_i - m_new) * qk_scale * l_i) + tl.sum(e * shifted, axis=1)
     l_i = l_i * alpha + tl.sum(e, axis=1)
-    return m_new, l_i, a_i, t_i
+    return m_new, l_i, a_i, t_i, e, alpha
 
 
 @triton.jit

@@ -379,6 +379,17 @@ class AttentionHook:
     def before(self, call: AttentionCall) -> None:
         """See the call; may replace ``call.query``/``call.key``/``call.value`` to intervene."""
 
+    def compute(self, call: AttentionCall) -> Float[Tensor, "b nq hq d"] | None:
+        """Compute the attention output in place of the layer's kernel, or decline (None).
+
+        Runs after every hook's ``before``; the first hook that returns a tensor supplies the
+        output ([b, nq, hq, d], the layout and dtype of the kernel's output), the base kernel
+        is skipped (the layer gets no attention weights) and ``after`` hooks run as usual. A
+        hook that computes must reproduce the layer's attention exactly (mask, window,
+        softcap, sinks: :meth:`AttentionCall.kernel_kwargs`) or refuse with a HeadhuntError.
+        """
+        return None
+
     def after(self, call: AttentionCall, output: Float[Tensor, "b nq hq d"]) -> Tensor:
         """See or replace the attention output ([b, nq, hq, d])."""
         return output
@@ -491,28 +502,36 @@ def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_ma
         kwargs=kwargs,
         query_start=getattr(module, "headhunt_query_start", None),
     )
-    name = base_name(module, call)
+    output = weights = None
     if hooks:
         check_call(call)
         for hook in hooks:
             hook.before(call)
-    mask = attention_mask
-    if name == "eager":
+        for hook in hooks:  # the first hook that computes the output replaces the kernel
+            output = hook.compute(call)
+            if output is not None:
+                break
+    if output is None:
+        output, weights = _run_base_kernel(module, call, kwargs)
+    for hook in hooks:
+        output = hook.after(call, output)
+    return output, weights
+
+
+def _run_base_kernel(module: torch.nn.Module, call: AttentionCall, kwargs: dict) -> tuple:
+    """The model's own attention kernel on the call's (possibly replaced) q, k, v."""
+    mask = call.attention_mask
+    if base_name(module, call) == "eager":
         # Masks for our implementation are built as SDPA's: a boolean 4D mask (padding), or
         # None where SDPA's is_causal flag suffices. Eager attention needs them additive.
-        if mask is None and query.shape[2] > 1 and call.causal:
+        if mask is None and call.query.shape[2] > 1 and call.causal:
             mask = _causal_mask(call.query, call.key)
         elif mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=call.query.dtype, device=mask.device).masked_fill(
                 ~mask, torch.finfo(call.query.dtype).min
             )
     with _without_cudnn_sdpa(call.query, call.key):
-        output, weights = base_kernel(module, call)(
-            module, call.query, call.key, call.value, mask, **kwargs
-        )
-    for hook in hooks:
-        output = hook.after(call, output)
-    return output, weights
+        return base_kernel(module, call)(module, call.query, call.key, call.value, mask, **kwargs)
 
 
 def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:

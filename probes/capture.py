@@ -47,22 +47,66 @@ def capture_qk(
 
 
 class StatsCapture(AttentionHook):
-    """Runs :func:`headhunt.kernels.attention_stats` on each layer's q, k inside the forward,
-    so no layer's q/k outlives its own call. The kernel is told everything the layer's own
-    kernel does (mask, window, softcap, sinks: :meth:`AttentionCall.kernel_kwargs`)."""
+    """Per-head statistics of each layer's attention (:func:`headhunt.kernels.attention_stats`),
+    computed inside the forward, so no layer's q/k outlives its own call. The kernels are told
+    everything the layer's own kernel does (mask, window, softcap, sinks:
+    :meth:`AttentionCall.kernel_kwargs`).
 
-    def __init__(self, **kwargs):
+    ``fused`` (default): where :func:`headhunt.kernels.fused_supported` holds (CUDA with
+    Triton, whole-sequence calls), the layer's attention output and row statistics come from
+    one fused kernel (:func:`headhunt.kernels.attention_forward`) that replaces the model's own
+    kernel for the call (scores in float32, probabilities rounded to the value dtype for
+    ``p @ v``, as flash kernels do), and column sums take one more pass. Elsewhere (CPU, decode
+    shapes, options the fused kernel lacks) the model's kernel runs unchanged and the
+    statistics are computed from the call's q and k in ``before``, as with ``fused=False``
+    (if another hook computes the output first, in ``after``).
+    """
+
+    def __init__(self, fused: bool = True, **kwargs):
         self.kwargs = kwargs
+        self.fused = fused and kwargs.get("backend", "auto") == "auto"
         self.stats: dict[int, object] = {}
         self.key_counts: dict[int, Tensor] = {}  # layer -> [b, nk] queries that see each key
+
+    def _fusable(self, call: AttentionCall) -> dict | None:
+        """The kernel options of ``call`` when the fused kernel serves it, else None."""
+        from headhunt.kernels import fused_supported
+
+        if not (self.fused and call.query.is_cuda):
+            return None
+        options = call.kernel_kwargs()
+        ok = fused_supported(call.query, call.key, call.value, options=options)
+        return options if ok else None
 
     def before(self, call: AttentionCall) -> None:
         from headhunt.kernels import attention_stats
 
-        self.stats[call.layer] = attention_stats(
-            call.query, call.key, **call.kernel_kwargs(), **self.kwargs
-        )
+        self.stats.pop(call.layer, None)
         self.key_counts[call.layer] = call.key_counts()
+        if self._fusable(call) is None:
+            self.stats[call.layer] = attention_stats(
+                call.query, call.key, **call.kernel_kwargs(), **self.kwargs
+            )
+
+    def compute(self, call: AttentionCall) -> Tensor | None:
+        from headhunt.kernels import attention_forward
+
+        options = self._fusable(call)
+        if options is None:
+            return None
+        out, self.stats[call.layer] = attention_forward(
+            call.query, call.key, call.value, **options, **self.kwargs
+        )
+        return out.transpose(1, 2).contiguous()  # [b, nq, hq, d]; no copy from Triton
+
+    def after(self, call: AttentionCall, output: Tensor) -> Tensor:
+        from headhunt.kernels import attention_stats
+
+        if call.layer not in self.stats:  # fusable, but the fused kernel did not run
+            self.stats[call.layer] = attention_stats(
+                call.query, call.key, **call.kernel_kwargs(), **self.kwargs
+            )
+        return output
 
 
 @torch.inference_mode()
@@ -78,7 +122,8 @@ def capture_attention_stats(
 
     ``attention_mask`` ([batch, n], 1 = token, 0 = pad) lets a left-padded batch through:
     pad queries see no key (``lse = -inf``) and pad keys get no attention. Keyword arguments
-    go to :func:`headhunt.kernels.attention_stats` (``key_stats``, ``entropy``, ``backend``).
+    go to :class:`StatsCapture` (``fused``) and :func:`headhunt.kernels.attention_stats`
+    (``key_stats``, ``entropy``, ``backend``).
     Memory grows linearly with the sequence length.
     """
     return capture_stats_and_counts(
