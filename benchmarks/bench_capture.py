@@ -7,6 +7,8 @@ Variants, each timed in the same process on the same card (median after a warm-u
 - ``fused_rows``: row statistics (lse, max, argmax) of every layer from the fused kernel,
   which computes each layer's attention output as well (no column pass);
 - ``fused_cols``: the same plus column sums / means (one more pass over the keys);
+- ``fused_cols_offload``: ``fused_cols`` with each layer's statistics copied to pinned host
+  memory as they come (``StatsCapture(offload=True)``);
 - ``two_pass``: the model's SDPA, then the statistics kernels on q, k (``fused=False``,
   row and column passes), the path before the fused kernel.
 
@@ -195,11 +197,12 @@ def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bo
         with torch.inference_mode():
             logits["plain"] = model.model(ids, use_cache=False, logits_to_keep=1).logits
 
-    def capture(key_stats: bool, fused: bool, tag: str):
+    def capture(key_stats: bool, fused: bool, tag: str, offload: bool = False):
         def fn():
-            cap = StatsCapture(fused=fused, key_stats=key_stats)
+            cap = StatsCapture(fused=fused, key_stats=key_stats, offload=offload)
             with model.hooks(cap), torch.inference_mode():
                 out = model.model(ids, use_cache=False, logits_to_keep=1)
+            cap.finish()
             logits[tag] = out.logits
             assert len(cap.stats) == model.n_layers
             assert (cap.stats[0].col_sum is not None) == key_stats
@@ -210,10 +213,12 @@ def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bo
     run["plain"] = measure(plain, dev, repeats)
     run["fused_rows"] = measure(capture(False, True, "fused"), dev, repeats)
     run["fused_cols"] = measure(capture(True, True, "fused"), dev, repeats)
+    if dev.type == "cuda":
+        run["fused_cols_offload"] = measure(capture(True, True, "fused", True), dev, repeats)
     if two_pass:
         run["two_pass"] = measure(capture(True, False, "two_pass"), dev, repeats)
     base = run["plain"]
-    for key in ("fused_rows", "fused_cols", "two_pass"):
+    for key in ("fused_rows", "fused_cols", "fused_cols_offload", "two_pass"):
         if key in run:
             run[key]["time_ratio"] = run[key]["median_s"] / base["median_s"]
             if base["peak_extra_gib"]:

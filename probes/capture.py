@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -60,13 +61,47 @@ class StatsCapture(AttentionHook):
     shapes, options the fused kernel lacks) the model's kernel runs unchanged and the
     statistics are computed from the call's q and k in ``before``, as with ``fused=False``
     (if another hook computes the output first, in ``after``).
+
+    ``offload``: copy each layer's statistics into pinned host memory on a side stream as
+    soon as they exist, so the GPU holds one layer's statistics at a time instead of every
+    layer's (about 3 GiB for an 8B-shaped model at 128k tokens) and the forward never waits
+    for the copies; call :meth:`finish` before reading them.
     """
 
-    def __init__(self, fused: bool = True, **kwargs):
+    def __init__(self, fused: bool = True, offload: bool = False, **kwargs):
         self.kwargs = kwargs
         self.fused = fused and kwargs.get("backend", "auto") == "auto"
+        self.offload = offload
         self.stats: dict[int, object] = {}
         self.key_counts: dict[int, Tensor] = {}  # layer -> [b, nk] queries that see each key
+        self._copies: torch.cuda.Stream | None = None
+
+    def _keep(self, layer: int, stats) -> None:
+        if self.offload and stats.lse.is_cuda:
+            stats = self._to_host(stats)
+        self.stats[layer] = stats
+
+    def _to_host(self, stats):
+        """Pinned host copies of every tensor of ``stats``, made on a side stream after the
+        kernels that wrote them; each device tensor is freed once its copy is done."""
+        dev = stats.lse.device
+        if self._copies is None:
+            self._copies = torch.cuda.Stream(dev)
+        self._copies.wait_stream(torch.cuda.current_stream(dev))
+        host = {}
+        with torch.cuda.stream(self._copies):
+            for f in dataclasses.fields(stats):
+                t = getattr(stats, f.name)
+                if t is not None:
+                    host[f.name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    host[f.name].copy_(t, non_blocking=True)
+                    t.record_stream(self._copies)
+        return dataclasses.replace(stats, **host)
+
+    def finish(self) -> None:
+        """Wait for the host copies of ``offload`` (a no-op otherwise)."""
+        if self._copies is not None:
+            self._copies.synchronize()
 
     def _fusable(self, call: AttentionCall) -> dict | None:
         """The kernel options of ``call`` when the fused kernel serves it, else None."""
@@ -84,8 +119,9 @@ class StatsCapture(AttentionHook):
         self.stats.pop(call.layer, None)
         self.key_counts[call.layer] = call.key_counts()
         if self._fusable(call) is None:
-            self.stats[call.layer] = attention_stats(
-                call.query, call.key, **call.kernel_kwargs(), **self.kwargs
+            self._keep(
+                call.layer,
+                attention_stats(call.query, call.key, **call.kernel_kwargs(), **self.kwargs),
             )
 
     def compute(self, call: AttentionCall) -> Tensor | None:
@@ -94,17 +130,17 @@ class StatsCapture(AttentionHook):
         options = self._fusable(call)
         if options is None:
             return None
-        out, self.stats[call.layer] = attention_forward(
-            call.query, call.key, call.value, **options, **self.kwargs
-        )
+        out, stats = attention_forward(call.query, call.key, call.value, **options, **self.kwargs)
+        self._keep(call.layer, stats)
         return out.transpose(1, 2).contiguous()  # [b, nq, hq, d]; no copy from Triton
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
         from headhunt.kernels import attention_stats
 
         if call.layer not in self.stats:  # fusable, but the fused kernel did not run
-            self.stats[call.layer] = attention_stats(
-                call.query, call.key, **call.kernel_kwargs(), **self.kwargs
+            self._keep(
+                call.layer,
+                attention_stats(call.query, call.key, **call.kernel_kwargs(), **self.kwargs),
             )
         return output
 
@@ -122,8 +158,8 @@ def capture_attention_stats(
 
     ``attention_mask`` ([batch, n], 1 = token, 0 = pad) lets a left-padded batch through:
     pad queries see no key (``lse = -inf``) and pad keys get no attention. Keyword arguments
-    go to :class:`StatsCapture` (``fused``) and :func:`headhunt.kernels.attention_stats`
-    (``key_stats``, ``entropy``, ``backend``).
+    go to :class:`StatsCapture` (``fused``; ``offload``: statistics in host memory) and
+    :func:`headhunt.kernels.attention_stats` (``key_stats``, ``entropy``, ``backend``).
     Memory grows linearly with the sequence length.
     """
     return capture_stats_and_counts(
@@ -146,6 +182,7 @@ def capture_stats_and_counts(
     extra = {} if attention_mask is None else {"attention_mask": attention_mask.to(model.device)}
     with model.hooks(cap, layers=None if layers is None else sorted(layers)):
         model.forward(input_ids, use_cache=False, logits_to_keep=1, **extra)  # no [n, vocab]
+    cap.finish()
     return cap.stats, cap.key_counts
 
 

@@ -166,3 +166,17 @@ def test_fused_capture_on_cuda_matches_the_model(family, overrides, dtype):
             a, b = getattr(got, name)[seen], getattr(ref, name)[seen]
             assert (a - b).abs().max().item() < 10 * tol * max(1.0, b.abs().max().item()), name
         torch.testing.assert_close(got.col_sum, ref.col_sum, atol=10 * tol, rtol=10 * tol)
+
+
+@pytest.mark.gpu
+def test_offloaded_stats_equal_device_stats(tiny):
+    if tiny.device.type != "cuda":
+        pytest.skip("run with --device cuda")
+    ids, mask = _padded_batch(tiny.device)
+    dev, _ = _capture(tiny, ids, mask)
+    host, _ = _capture(tiny, ids, mask, offload=True)
+    for layer in dev:
+        for name in STATS:
+            got = getattr(host[layer], name)
+            assert got.device.type == "cpu" and got.is_pinned()
+            assert torch.equal(got, getattr(dev[layer], name).cpu()), name
