@@ -43,6 +43,7 @@ UNDERSTOOD_KWARGS = frozenset(
         "output_router_logits",
         "use_cache",
         "return_dict",
+        "logits_to_keep",  # which positions the LM head scores (a wrapper passes it down)
         "layer_idx",
         "cu_seq_lens_q",
         "cu_seq_lens_k",
@@ -545,7 +546,18 @@ def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> N
     cache = kwargs[names[0]]
     seen = 0
     if cache is not None and hasattr(cache, "get_seq_length"):
-        seen = int(cache.get_seq_length(module.layer_idx))
+        from transformers.cache_utils import CacheLayerMixin
+
+        layers = getattr(cache, "layers", None) or []
+        if module.layer_idx < len(layers) and not isinstance(
+            layers[module.layer_idx], CacheLayerMixin
+        ):
+            # a layer that reads another layer's cache (KV sharing) keeps none; every layer of
+            # one forward starts at the same position, which the layers before it recorded
+            seen = getattr(cache, "headhunt_query_start", 0)
+        else:
+            seen = int(cache.get_seq_length(module.layer_idx))
+            cache.headhunt_query_start = seen
     module.headhunt_query_start = seen
 
 
@@ -564,4 +576,5 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The self-attention module of every layer, in layer order."""
     found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
     found = [m for m in found if type(m).__name__.endswith("Attention")]
-    return sorted(found, key=lambda m: m.layer_idx)
+    # a module shared by several layers (layer index None) sorts last
+    return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))

@@ -65,7 +65,7 @@ class HookedModel:
     modules: list = field(repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        cfg = self.model.config
+        cfg = _text_config(self.model.config)
         try:
             self.n_layers: int = cfg.num_hidden_layers
             self.n_heads: int = cfg.num_attention_heads
@@ -80,7 +80,7 @@ class HookedModel:
             ) from None
         self.max_context: int = getattr(cfg, "max_position_embeddings", None) or 2048
         base = cfg._attn_implementation  # the kernel our hooks hand over to
-        if getattr(cfg, "is_encoder_decoder", False):
+        if getattr(self.model.config, "is_encoder_decoder", False):
             raise HeadhuntError(
                 f"{type(self.model).__name__} is an encoder-decoder model; headhunt captures "
                 "decoder-only causal LMs"
@@ -94,6 +94,8 @@ class HookedModel:
                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
             ) from None
         self.modules = attention.attention_modules(self.model)
+        if cfg is not self.model.config:  # a multimodal model: only its text tower is captured
+            self.modules = [m for m in self.modules if m.config is cfg]
         if not self.modules:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: no attention module with a layer index (recurrent "
@@ -101,6 +103,11 @@ class HookedModel:
                 "AttentionInterface); headhunt cannot hook it"
             )
         if len(self.modules) != self.n_layers:
+            if len(self.modules) < self.n_layers and not _uses_attention_interface(self.model):
+                raise HeadhuntError(
+                    f"{type(self.model).__name__}: its attention does not go through "
+                    "transformers' AttentionInterface, so headhunt cannot see it"
+                )
             why = (
                 "recurrent or state-space layers?"
                 if len(self.modules) < self.n_layers
@@ -145,6 +152,11 @@ class HookedModel:
                     f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
                 ) from None
         missing = [i for i in range(self.n_layers) if seen.get(i, 0) == 0]
+        if missing and "Cross" in type(self.modules[missing[0]]).__name__:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: layer {missing[0]} is a cross-attention layer "
+                f"({type(self.modules[missing[0]]).__name__}); headhunt captures self-attention"
+            )
         if missing:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {missing[0]}'s attention does not go through "
@@ -278,6 +290,23 @@ class HookedModel:
         from nnsight import TransformersModel
 
         return TransformersModel(self.model, tokenizer=self.tokenizer, task="text-generation")
+
+
+def _uses_attention_interface(model: torch.nn.Module) -> bool:
+    """Whether the model's modeling file calls attention through transformers'
+    ``AttentionInterface`` (older files compute attention in their own code)."""
+    import sys
+
+    return hasattr(sys.modules[type(model).__module__], "ALL_ATTENTION_FUNCTIONS")
+
+
+def _text_config(config):
+    """The config of the decoder that reads and writes text: the model's own config, or the text
+    tower's of a multimodal model (whose vision or audio towers headhunt does not capture)."""
+    try:
+        return config.get_text_config(decoder=True)
+    except ValueError:  # several text decoders: none of them is the model's
+        return config
 
 
 def load_model(

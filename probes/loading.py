@@ -194,13 +194,18 @@ def _load_folder(
                 f"{folder} is not in the local Hugging Face cache (headhunt never downloads weights)"
             ) from None
         raise HeadhuntError(f"could not load the model in {folder}: {e}") from None
-    except Exception as e:
+    except Exception as e:  # e.g. a modeling file that needs a package not installed (timm)
         raise HeadhuntError(
-            f"could not load the model in {folder}: {type(e).__name__}: {e}"
+            f"could not load the model in {folder}: {type(e).__name__}: {_first_line(e)}"
         ) from None
     if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
     return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    """An exception's first non-empty line (a refusal is one line)."""
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), "")
 
 
 def load_hf(spec: str, *, trust_remote_code: bool = False, **placement):

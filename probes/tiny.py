@@ -136,6 +136,7 @@ TINY_SHAPE: dict[str, object] = {
     "num_layers": 2,
     "n_layer": 2,
     "n_layers": 2,
+    "depth": 2,
     "num_attention_heads": 4,
     "n_head": 4,
     "num_key_value_heads": 2,
@@ -180,16 +181,28 @@ TINY_SHAPE: dict[str, object] = {
 def tiny_config(model_type: str, vocab_size: int = 64, **overrides):
     """A tiny config of a transformers model family (``model_type`` of its config class):
     the family's defaults with :data:`TINY_SHAPE` set wherever the config has that field, and
-    two layers of different kinds (e.g. sliding then full) where the family mixes them."""
+    two layers of different kinds (e.g. sliding then full) where the family mixes them.
+
+    Sub-configs (the text, vision and audio towers of a multimodal model, an attention
+    sub-config) are made tiny the same way; an override given as a dict for a sub-config's
+    name is merged into that sub-config."""
     from transformers import CONFIG_MAPPING
 
-    cls = CONFIG_MAPPING[model_type]
-    default = cls()
+    return _tiny(CONFIG_MAPPING[model_type], vocab_size, overrides)
+
+
+def _tiny(cls, vocab_size: int, overrides: dict):
+    try:
+        default = cls()
+    except Exception:  # defaults that do not validate alone (the overrides make them valid)
+        default = cls(**overrides)
     known = set(default.to_dict())
     kw = {k: v for k, v in TINY_SHAPE.items() if k in known}
-    kw["vocab_size"] = vocab_size
+    if "vocab_size" in known:
+        kw["vocab_size"] = vocab_size
     if "kv_lora_rank" in known:  # MLA expands its latent to one key per query head
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
+        kw.pop("head_dim", None)  # derived from the rope / nope parts (rope's size in some)
     if "add_cross_attention" in known:  # an encoder family used as a causal LM
         kw["is_decoder"] = True
     kinds = list(dict.fromkeys(getattr(default, "layer_types", None) or []))
@@ -197,6 +210,10 @@ def tiny_config(model_type: str, vocab_size: int = 64, **overrides):
         n = int(kw.get("num_hidden_layers", 2))
         kw["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
     kw.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
+    for name in getattr(cls, "sub_configs", None) or {}:
+        sub = getattr(default, name, None)
+        if hasattr(sub, "to_dict"):  # built from its own class, with any override merged in
+            kw[name] = _tiny(type(sub), vocab_size, dict(overrides.pop(name, None) or {}))
     kw.update(overrides)
     try:
         return cls(**kw)
@@ -214,5 +231,8 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, vocab_size: int = 64, **ov
 
     cfg = tiny_config(model_type, vocab_size=vocab_size, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    lm = AutoModelForCausalLM._model_mapping[type(cfg)]
+    if not isinstance(cfg, lm.config_class):  # the causal LM of a composite model: its decoder
+        cfg = cfg.get_text_config(decoder=True)
+    model = lm._from_config(cfg, dtype=torch.float32)
     return model.eval()

@@ -14,7 +14,7 @@ from headhunt.heads.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.capture import capture_stats_and_counts, greedy_decode
 
-from .conftest import LENGTH, MASKED_HEAD, Pair, padded_batch
+from .conftest import LENGTH, MASKED_HEAD, Pair, padded_batch, vocab
 
 ATOL = 2e-5
 STEPS = 6
@@ -110,7 +110,7 @@ def check_decode(pair: Pair) -> None:
     every step and for every layer and head, the attention row (keys at their absolute
     positions) and its argmax key equal the eager model's own cached decoding."""
     hm = pair.hooked
-    ids, mask = padded_batch(hm.model.config.vocab_size)
+    ids, mask = padded_batch(vocab(hm))
     rows = _DecodeRows(LENGTH + STEPS)
     dec = greedy_decode(
         hm, ids, attention_mask=mask, max_new_tokens=STEPS, capture_argmax=True, hooks=(rows,)
@@ -137,7 +137,7 @@ class _Calls(AttentionHook):
 def check_dense_rows(pair: Pair) -> dict:
     """``AttentionCall.probs`` (the dense helper) equals eager's attention on real queries."""
     hm = pair.hooked
-    ids, mask = padded_batch(hm.model.config.vocab_size, seed=1)
+    ids, mask = padded_batch(vocab(hm), seed=1)
     rec = _Calls()
     with hm.hooks(rec):
         hm.forward(ids, attention_mask=mask, use_cache=False)
@@ -157,7 +157,7 @@ def check_prefill_stats(pair: Pair) -> None:
     from headhunt.kernels import attention_probs_at
 
     hm = pair.hooked
-    ids, mask = padded_batch(hm.model.config.vocab_size, seed=1)
+    ids, mask = padded_batch(vocab(hm), seed=1)
     rec = _Calls()
     with hm.hooks(rec):
         stats, counts = capture_stats_and_counts(hm, ids, attention_mask=mask, entropy=True)
@@ -194,7 +194,7 @@ def check_masking(pair: Pair, zeroed) -> None:
     """Masking a head (query mode) changes the logits exactly as zeroing that head's query in
     the model's own eager attention does; with no mask, logits equal eager's."""
     hm = pair.hooked
-    ids, mask = padded_batch(hm.model.config.vocab_size, seed=2)
+    ids, mask = padded_batch(vocab(hm), seed=2)
     real = mask.bool()
     with torch.no_grad():
         plain = hm.model(ids, attention_mask=mask).logits

@@ -18,6 +18,106 @@ REFERENCE = "conformance_eager_qmask"
 _ZEROED: dict[int, list[int]] = {}  # layer -> query heads whose queries the reference zeroes
 
 
+# Config fields some families need beyond the tiny shape of ``tiny_config`` (test fixtures,
+# never read by headhunt): values their released checkpoints set and the class defaults lack.
+OVERRIDES: dict[str, dict] = {
+    # released configs alternate sliding layers (RoPE) with full layers (no RoPE)
+    "cohere_compass_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": None,
+        },
+    },
+    # DBRX's attention sub-config carries its RoPE base and QKV clipping (8 when released)
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 96, "moe_top_k": 2},
+    },
+    "dots1": {"n_shared_experts": 1},
+    # byte-latent: small hash embeddings and global width (the defaults are 500k x 2048)
+    "blt": {
+        "encoder_hash_byte_group_vocab": 64,
+        "encoder_config": {"hidden_size_global": 64},
+        "decoder_config": {"hidden_size_global": 64},
+    },
+    # a vision MoE with two layers instead of 42 (its pyramid of experts is per layer)
+    "dots3_note": {
+        "vision_config": {
+            "pyramid_num_routed": [-1, 4],
+            "adapter_in_dim": 64,
+            "adapter_out_dim": 64,
+        },
+        "audio_config": {"adapter_input_size": 64, "adapter_out_dim": 64},
+    },
+    # the last layers of each kind reuse the KV cache of the layer of that kind before them
+    "gemma3n_text": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+        "vocab_size_per_layer_input": 64,
+        "hidden_size_per_layer_input": 16,
+        "laurel_rank": 8,
+    },
+    # a drafter: every layer reads the KV cache of the model it drafts for
+    "gemma4_assistant": {
+        "backbone_hidden_size": 64,
+        "num_centroids": 8,
+        "centroid_intermediate_top_k": 2,
+        "text_config": {
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        },
+    },
+    # one global, one local (windowed) layer
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8},
+    # released LFM2 checkpoints mix short-convolution layers with attention layers
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "mamba2": {"expand": 1, "n_groups": 1},
+    # a cross-attention layer (to the image) next to a self-attention layer
+    "mllama": {"text_config": {"cross_attention_layers": [1]}},
+    # the indexed (sparse) attention needs its indexer; the other layer is linear attention
+    "qwen4_exp_text": {
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+        "hc_lowrank": 16,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+    },
+    "reformer": {
+        "is_decoder": True,
+        "attn_layers": ["local", "lsh"],
+        "axial_pos_shape": [16, 16],
+        "axial_pos_embds_dim": [32, 32],
+    },
+    "xmod": {"default_language": "en_XX"},
+    "zaya": {"num_experts_per_tok": 1},
+}
+OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
+
+
+def _unit_key_scale(model: torch.nn.Module) -> None:
+    """ZAYA initialises its learned per-head key scale to 0: every key is then zero and
+    attention uniform, so masking a head's query could change nothing. Trained checkpoints
+    have learned scales; 1 stands in for them."""
+    for name, param in model.named_parameters():
+        if name.endswith("qk_norm.temp"):
+            param.data.fill_(1.0)
+
+
+# Weights some families initialise to a degenerate value (after the seeded random init).
+AFTER_INIT = {"zaya": _unit_key_scale}
+
+
 @dataclass
 class Pair:
     hooked: object  # HookedModel (headhunt's attention, the model's SDPA/eager kernel)
@@ -29,11 +129,35 @@ def build_pair(family: str) -> Pair:
     from headhunt.probes.hooked import HookedModel
     from headhunt.probes.tiny import tiny_causal_lm
 
+    overrides = copy.deepcopy(OVERRIDES.get(family, {}))
     with time_limit(60, family):
-        model = tiny_causal_lm(family)
+        try:
+            model = tiny_causal_lm(family, **overrides)
+        except ImportError:  # its modeling file needs a package this environment lacks
+            _load_without_weights(family, overrides)  # what a user gets: load_model refuses
+            raise
+        AFTER_INIT.get(family, lambda _: None)(model)
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     return Pair(HookedModel(model=model, tokenizer=None, name=family), eager)
+
+
+def _load_without_weights(family: str, overrides: dict) -> None:
+    """``load_model`` on a folder with the family's tiny config, a tokenizer and an empty
+    weights file: transformers builds the model before it reads any weight, so this meets
+    the same failure a folder with real weights would."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from headhunt.probes.hooked import load_model
+    from headhunt.probes.tiny import tiny_config, word_tokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_config(family, **overrides).save_pretrained(folder)
+        word_tokenizer().save_pretrained(folder)
+        save_file({}, f"{folder}/model.safetensors", metadata={"format": "pt"})
+        load_model(folder, device="cpu")
 
 
 class time_limit:
@@ -52,6 +176,11 @@ class time_limit:
     def __exit__(self, *exc):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, self.old)
+
+
+def vocab(hooked) -> int:
+    """The text vocabulary of a hooked model (a multimodal model's is its text tower's)."""
+    return hooked.model.config.get_text_config(decoder=True).vocab_size
 
 
 def padded_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
