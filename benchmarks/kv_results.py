@@ -8,6 +8,7 @@ and the KV memory of an 8B-shaped Llama (random weights) at 32k tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -70,6 +71,7 @@ def prune_bar_part(
     deadline: float,
     drop_counts: list[int],
     effect_file: str | None = None,
+    random_at: list[int] | None = None,
 ) -> None:
     """The pruning bar: the most heads dropped with needle recall within 2 points of the full
     model. Heads go lowest retrieval score first; heads of equal score (159 of 270 score 0)
@@ -137,11 +139,11 @@ def prune_bar_part(
             misses += 1
             if misses == 2:
                 break
-    at = best or 3
-    for order in ["headhunt_random_ties", *[o for o in orders if o.startswith("random")]]:
-        if time.perf_counter() > deadline + 60:
-            break
-        condition(order, at)
+    for at in random_at or [best or 3]:
+        for order in ["headhunt_random_ties", *[o for o in orders if o.startswith("random")]]:
+            if time.perf_counter() > deadline + 60:
+                break
+            condition(order, at)
     (out / "prune_bar.json").write_text(json.dumps({"budget_dropped": best, "rows": rows}) + "\n")
     summarize(pd.DataFrame(rows)).to_csv(out / "prune_bar.csv", index=False)
 
@@ -154,6 +156,7 @@ def kv_bar_part(
     needle_repeats: int,
     task_repeats: int,
     deadline: float,
+    sinks_sink: int | None = None,
 ) -> None:
     """The kv-eval bar: the smallest share of full KV heads (headhunt's ranking) keeping both
     needle and RULER-like accuracy within 1 point of the full cache, found by lowering the
@@ -170,8 +173,9 @@ def kv_bar_part(
     results = {kv.condition_key(kv.FULL, 1.0): kv.run_condition(model, trials, None, 1.0, cfg)}
     conds = [(kv.FULL, 1.0)]
 
-    def run(name: str, f: float) -> tuple[float, float]:
-        results[kv.condition_key(name, f)] = kv.run_condition(model, trials, rankings[name], f, cfg)
+    def run(name: str, f: float, config=cfg) -> tuple[float, float]:
+        ranking = rankings[name.removesuffix(f"_s{config.sink}")]
+        results[kv.condition_key(name, f)] = kv.run_condition(model, trials, ranking, f, config)
         conds.append((name, f))
         s = kv.summarize(kv.table_of(conds, results))
         s = s[(s["ranking"] == name) & (s["fraction"] == f)].set_index("task")
@@ -196,6 +200,12 @@ def kv_bar_part(
         if time.perf_counter() > deadline + 60:
             break
         run(f"random{i}", at)
+    if sinks_sink is not None:  # the sink size a sinks run gives, at the shares tried above
+        bigger = dataclasses.replace(cfg, sink=sinks_sink)
+        for f in sorted({f for name, f in conds if name == "headhunt"}, reverse=True):
+            if time.perf_counter() > deadline + 90:
+                break
+            run(f"headhunt_s{sinks_sink}", f, bigger)
     table = kv.table_of(conds, results)
     table.to_parquet(out / "kv_bar.parquet", index=False)
     summary = kv.summarize(table)
@@ -272,8 +282,10 @@ def main() -> None:
     p.add_argument(
         "--scores", default=str(SCORES), help="retrieval scores: .parquet or .npy matrix"
     )
+    p.add_argument("--sinks-sink", type=int, default=None, help="kv-bar: also this sink size")
     p.add_argument("--needle-repeats", type=int, default=5, help="kv-bar: needle trials per cell")
     p.add_argument("--drop-counts", default="3,6,9,12,15,18,21,24,30,36,45,54,72,90")
+    p.add_argument("--random-at", default=None, help="prune-bar: drop counts for random draws")
     p.add_argument("--masking-effect", default=None, help="prune-bar: a saved masking_effect.npy")
     p.add_argument("--prune-lengths", default="1000,2000", help="prune-bar: needle lengths")
     p.add_argument("--prune-repeats", type=int, default=10, help="prune-bar: trials per cell")
@@ -304,12 +316,13 @@ def main() -> None:
             prune_bar_part(
                 model, scores, out, lengths, args.prune_repeats, start + share * args.seconds,
                 [int(x) for x in args.drop_counts.split(",")], args.masking_effect,
+                [int(x) for x in args.random_at.split(",")] if args.random_at else None,
             )  # fmt: skip
         if "kv-bar" in parts:
             kv_bar_part(
                 model, scores, out, [int(x) for x in args.kv_lengths.split(",")],
                 args.needle_repeats, args.kv_repeats,
-                start + 0.85 * args.seconds,
+                start + 0.8 * args.seconds, args.sinks_sink,
             )  # fmt: skip
         del model
     if "8b" in parts:
