@@ -195,12 +195,38 @@ def _load_folder(
             ) from None
         raise HeadhuntError(f"could not load the model in {folder}: {e}") from None
     except Exception as e:  # e.g. a modeling file that needs a package not installed (timm)
+        why = f"{type(e).__name__}: {_first_line(e)}"
+        mismatch = _config_mismatch(folder, local_only, trust_remote_code)
         raise HeadhuntError(
-            f"could not load the model in {folder}: {type(e).__name__}: {_first_line(e)}"
+            f"could not load the model in {folder}: {mismatch + f' ({why})' if mismatch else why}"
         ) from None
     if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
     return model, tok
+
+
+def _config_mismatch(folder: Path | str, local_only: bool, trust_remote_code: bool) -> str | None:
+    """Why transformers' causal-LM class of the folder's config cannot be built from it, when
+    that is why (a composite config whose causal LM takes another sub-config than its
+    ``text_config``, which transformers would hand over itself); else None."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(
+            folder, local_files_only=local_only, trust_remote_code=trust_remote_code
+        )
+        lm = AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:
+        return None
+    wanted = getattr(lm, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return None
+    if (getattr(config, "sub_configs", None) or {}).get("text_config") is wanted:
+        return None
+    return (
+        f"transformers' {lm.__name__} takes a {wanted.__name__}, not this folder's "
+        f"{type(config).__name__}"
+    )
 
 
 def _first_line(e: Exception) -> str:

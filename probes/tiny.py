@@ -231,8 +231,5 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, vocab_size: int = 64, **ov
 
     cfg = tiny_config(model_type, vocab_size=vocab_size, **overrides)
     torch.manual_seed(seed)
-    lm = AutoModelForCausalLM._model_mapping[type(cfg)]
-    if not isinstance(cfg, lm.config_class):  # the causal LM of a composite model: its decoder
-        cfg = cfg.get_text_config(decoder=True)
-    model = lm._from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval()
