@@ -34,7 +34,7 @@ OVERRIDES: dict[str, dict] = {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 96, "moe_top_k": 2},
     },
-    "dots1": {"n_shared_experts": 1},
+    "dots1": {"n_shared_experts": 1},  # no default (None) for its shared experts
     # byte-latent: small hash embeddings and global width (the defaults are 500k x 2048)
     "blt": {
         "encoder_hash_byte_group_vocab": 64,
@@ -77,7 +77,7 @@ OVERRIDES: dict[str, dict] = {
     # released LFM2 checkpoints mix short-convolution layers with attention layers
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
-    "mamba2": {"expand": 1, "n_groups": 1},
+    "mamba2": {"expand": 1, "n_groups": 1},  # width x expand = heads x head size
     # a cross-attention layer (to the image) next to a self-attention layer
     "mllama": {"text_config": {"cross_attention_layers": [1]}},
     # the indexed (sparse) attention needs its indexer; the other layer is linear attention
@@ -93,14 +93,15 @@ OVERRIDES: dict[str, dict] = {
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
     },
+    # a causal LM only as a decoder; axial positions that fit 256 positions and width 64
     "reformer": {
         "is_decoder": True,
         "attn_layers": ["local", "lsh"],
         "axial_pos_shape": [16, 16],
         "axial_pos_embds_dim": [32, 32],
     },
-    "xmod": {"default_language": "en_XX"},
-    "zaya": {"num_experts_per_tok": 1},
+    "xmod": {"default_language": "en_XX"},  # its forward needs a language adapter chosen
+    "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
 }
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
 
@@ -133,6 +134,8 @@ def build_pair(family: str) -> Pair:
     with time_limit(60, family):
         try:
             model = tiny_causal_lm(family, **overrides)
+        except TimeoutError:
+            raise
         except Exception:  # transformers cannot build it here (e.g. a package is missing)
             _load_without_weights(family, overrides)  # what a user gets: load_model refuses
             raise
