@@ -21,7 +21,8 @@ _ZEROED: dict[int, list[int]] = {}  # layer -> query heads whose queries the ref
 # Config fields some families need beyond the tiny shape of ``tiny_config`` (test fixtures,
 # never read by headhunt): values their released checkpoints set and the class defaults lack.
 OVERRIDES: dict[str, dict] = {
-    # released configs alternate sliding layers (RoPE) with full layers (no RoPE)
+    # its RoPE is per layer type, with NoPE layers allowed (the class default, one RoPE for
+    # all-full layers, does not build): sliding layers with RoPE, full ones without, as Cohere 2
     "cohere_compass_text": {
         "layer_types": ["sliding_attention", "full_attention"],
         "rope_parameters": {

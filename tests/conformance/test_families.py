@@ -284,10 +284,11 @@ def test_docs_table_matches_the_suite():
     assert table == FAMILIES
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss", "llama4_text"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss", "llama4_text", "gemma3n_text"])
 def test_decode_positions_stay_inside_the_window(family):
     """Decoding past the window (or chunk): every argmax key a sliding (chunked) layer reports
-    is one its query can see, at absolute positions although its cache keeps only the window."""
+    is one its query can see, at absolute positions although its cache keeps only the window
+    (Gemma 3n: also in the layers that read another layer's cache)."""
     from headhunt.probes.capture import greedy_decode
 
     from .conftest import LENGTH, padded_batch
