@@ -123,16 +123,21 @@ def materials(model: HookedModel, config: PruneEvalConfig) -> Materials:
     return Materials(trials, windows, speed, stop_token_ids(model.tokenizer))
 
 
+def by_length(trials: list) -> dict[int, list]:
+    """Trials grouped by prompt length (a batch holds prompts of one length), in order."""
+    groups: dict[int, list] = {}
+    for t in trials:
+        groups.setdefault(t.length, []).append(t)
+    return groups
+
+
 @torch.inference_mode()
 def answer_nll(model: HookedModel, trials: list, batch_size: int = 8) -> float:
     """Mean negative log-likelihood (nats per token) of each trial's answer tokens, fed right
     after its prompt (teacher forcing). The answer tokens are the needle's own (``span``);
     within a batch every answer is cut to the batch's shortest, so prompts stay one length."""
-    by_length: dict[int, list] = {}
-    for t in trials:
-        by_length.setdefault(t.length, []).append(t)
     total, count = 0.0, 0
-    for group in by_length.values():
+    for group in by_length(trials).values():
         for i in range(0, len(group), batch_size):
             batch = group[i : i + batch_size]
             m = min(t.span[1] - t.span[0] for t in batch)
@@ -167,12 +172,10 @@ def masking_effect(
 def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[str, Any]:
     """Size, speed, perplexity and needle recall of one (pruned or full) model; ``recall``
     holds each trial's ROUGE-1 recall (x 100), in trial order, for paired comparisons."""
-    by_length: dict[int, list] = {}
-    for t in m.trials:  # a decoding batch holds prompts of one length
-        by_length.setdefault(t.length, []).append(t)
+    groups = by_length(m.trials)
     recall = [
         r
-        for group in by_length.values()
+        for group in groups.values()
         for r in needle_recall(
             model,
             group,
@@ -181,7 +184,7 @@ def measure(model: HookedModel, m: Materials, config: PruneEvalConfig) -> dict[s
             batch_size=config.batch_size,
         )
     ]
-    by_id = dict(zip([t.id for g in by_length.values() for t in g], recall, strict=True))
+    by_id = dict(zip([t.id for g in groups.values() for t in g], recall, strict=True))
     return {
         **model_size(model),
         "prefill_s": prefill_seconds(model, m.speed_ids),

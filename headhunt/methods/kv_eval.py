@@ -133,7 +133,7 @@ scores.parquet."""
             "window": {
                 "sink": config.sink,
                 "recent": config.recent,
-                "from": getattr(config, "window_from", "flags"),
+                "from": config.window_from,
             },
         }
         if scores is not None:

@@ -92,8 +92,8 @@ heads by any metric of any run (--scores, --metric), or drop a list (--drop-head
 Heads of equal score are ordered by --tiebreak: seeded at random, by their masking effect
 (measured on calibration needle trials; written to scores.parquet as masking_effect), or by
 another run's metric.
-Writes model/ (safetensors, tokenizer, a config recording each layer's heads; load it with
-headhunt.heads.pruning.load_pruned), prune.json (layout and size), the kept heads (kept = 1) to
+Writes model/ (safetensors, tokenizer, a config recording each layer's heads; --model and
+load_model load it), prune.json (layout and size), the kept heads (kept = 1) to
 scores.parquet and manifest.json. With --evaluate, also prunes by the reverse ranking and at
 random (--draws) at --keep and every --sweep share, and measures each pruned model: parameters,
 KV bytes per token, prefill time, perplexity on the bundled essays and needle recall (fresh
