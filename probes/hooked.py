@@ -72,6 +72,8 @@ class HookedModel:
             self.n_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.n_heads
             self.d_model: int = cfg.hidden_size
             self.head_dim: int = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+            # The text vocabulary (a multimodal model's top-level config has none).
+            self.vocab_size: int | None = getattr(cfg, "vocab_size", None)
         except Exception as e:  # recurrent configs lack heads; some vary them per layer
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise HeadhuntError(

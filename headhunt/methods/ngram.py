@@ -91,7 +91,7 @@ def build_inputs(model, config: NgramRunConfig, texts: list[str] | None) -> dict
 
     tok = model.tokenizer
     bos = tok.bos_token_id if config.bos else None
-    vocab = min(len(tok), int(model.model.config.vocab_size))
+    vocab = min(len(tok), model.vocab_size or len(tok))
     pool = token_pool(tok, vocab)
     out = {}
     if "random" in config.inputs:
