@@ -152,9 +152,10 @@ def layer_bench(model: HookedModel, n: int) -> dict:
     return out
 
 
-def sweep(model: HookedModel, n: int, candidates: list[tuple[int, int, int, int]]) -> dict:
+def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
     """Time the fused forward (row statistics only) for tile choices (block_m, block_n,
-    warps, stages) at one layer of ``n`` tokens; install the fastest as the default."""
+    warps, stages, argmax mode, TMA) at one layer of ``n`` tokens laid out as the model's;
+    install the fastest as the default for the rest of the run."""
     import dataclasses
 
     from headhunt.kernels import triton_fused
@@ -165,26 +166,24 @@ def sweep(model: HookedModel, n: int, candidates: list[tuple[int, int, int, int]
     k = torch.randn(1, n, model.n_kv_heads, d, device=dev, dtype=dt).transpose(1, 2)
     v = torch.randn_like(k)
     base = fused_config(d, dt)
-    times = {}
-    for bm, bn, w, st in candidates:
-        cfg = dataclasses.replace(base, row_block_m=bm, row_block_n=bn, row_warps=w, row_stages=st)
+    times, configs = {}, {}
+    for bm, bn, w, st, am, tma in candidates:
+        cfg = dataclasses.replace(
+            base, row_block_m=bm, row_block_n=bn, row_warps=w, row_stages=st, argmax_mode=am,
+            row_tma=tma,
+        )  # fmt: skip
+        name = f"{bm}x{bn} warps {w} stages {st} argmax {am} tma {int(tma)}"
         try:
             ms = _bench_ms(
                 lambda cfg=cfg: attention_forward_triton(q, k, v, key_stats=False, config=cfg)
             )
         except Exception as e:  # out of shared memory / registers: not a candidate
-            print(f"config {bm, bn, w, st}: {type(e).__name__}", flush=True)
+            print(f"{name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
-        times[f"{bm}x{bn}w{w}s{st}"] = ms
-        print(f"config {bm}x{bn} warps {w} stages {st}: {ms:.2f} ms", flush=True)
+        times[name], configs[name] = ms, cfg
+        print(f"{name}: {ms:.2f} ms", flush=True)
     best = min(times, key=times.get)
-    bm, rest = best.split("x")
-    bn, rest = rest.split("w")
-    w, st = rest.split("s")
-    chosen = dataclasses.replace(
-        base, row_block_m=int(bm), row_block_n=int(bn), row_warps=int(w), row_stages=int(st)
-    )
-    triton_fused.fused_config = lambda head_dim, dtype=dt: chosen
+    triton_fused.fused_config = lambda head_dim, dtype=dt: configs[best]
     return {"tokens": n, "ms": times, "chosen": best}
 
 
@@ -206,6 +205,7 @@ def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bo
             logits[tag] = out.logits
             assert len(cap.stats) == model.n_layers
             assert (cap.stats[0].col_sum is not None) == key_stats
+            assert len(cap.fused_layers) == (model.n_layers if fused else 0)
 
         return fn
 
@@ -266,8 +266,12 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     report = {"model": model.name, "shape": model.describe(), "device": name, "runs": []}
     if args.sweep:
-        cands = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-                 (128, 32, 8, 4), (64, 128, 4, 2)]  # fmt: skip
+        cands = [
+            (128, 64, 8, 3, 2, False), (64, 64, 4, 3, 2, False), (64, 64, 4, 3, 3, False),
+            (128, 64, 8, 3, 3, False), (128, 64, 8, 3, 2, True), (128, 64, 8, 3, 3, True),
+            (64, 64, 4, 3, 3, True), (128, 128, 8, 2, 3, True), (64, 128, 4, 3, 3, True),
+            (128, 64, 8, 4, 3, True),
+        ]  # fmt: skip
         report["sweep"] = sweep(model, args.sweep, cands)
     for n in map(int, args.lengths.split(",")):
         ids = torch.randint(100, 20_000, (1, n), device=dev)

@@ -106,6 +106,8 @@ def _check_mask_options(
 
 # Options the Triton kernels implement; any other set option sends "auto" to torch.
 _TRITON_OPTIONS = frozenset({"window", "chunk", "softcap", "sinks", "key_lo", "key_hi"})
+# Arguments every backend takes (not mask options).
+_GENERAL_OPTIONS = frozenset({"causal", "scale", "q_offset", "key_stats", "entropy", "backend"})
 
 
 def _pick_backend(
@@ -233,8 +235,9 @@ def attention_stats(
 
 def fused_supported(q: Tensor, k: Tensor, v: Tensor, *, options: dict | None = None) -> bool:
     """Whether :func:`attention_forward`'s Triton kernel serves these tensors: CUDA with
-    Triton, one dtype, head dim <= 256 and the same for values, every option set one it
-    implements, and not a decode shape (a few query rows per kv head over a long cache,
+    Triton, one dtype, head dim <= 256 and the same for values, every option set in
+    ``options`` (keyword arguments of :func:`attention_forward`) one it implements, and not
+    a decode shape (a few query rows per kv head over a long cache,
     which the split-K row kernels of :func:`attention_stats` serve far better)."""
     from .triton_stats import DECODE_MAX_ROWS, DECODE_MIN_KEYS
 
@@ -245,7 +248,8 @@ def fused_supported(q: Tensor, k: Tensor, v: Tensor, *, options: dict | None = N
     d, hq, nq = q.shape[-1], q.shape[1], q.shape[2]
     if d > _TRITON_MAX_HEAD_DIM or v.shape[-1] != d or k.shape[1] == 0:
         return False
-    if any(val is not None and n not in _TRITON_OPTIONS for n, val in (options or {}).items()):
+    masks = {n: val for n, val in (options or {}).items() if n not in _GENERAL_OPTIONS}
+    if any(val is not None and n not in _TRITON_OPTIONS for n, val in masks.items()):
         return False
     return not (nq * (hq // k.shape[1]) <= DECODE_MAX_ROWS and k.shape[2] >= DECODE_MIN_KEYS)
 

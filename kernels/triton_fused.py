@@ -64,6 +64,24 @@ def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> KernelCo
 
 
 @triton.jit
+def _tile(
+    X, base, row0, col0, start, offs, limit, stride, d_ok,
+    ROWMASK: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Rows ``start + offs`` of one head's [n, d] matrix: with ``TMA`` one bulk copy of the
+    block at ``(row0 + start, col0)`` of the 2-D view the descriptor ``X`` covers (see
+    :func:`_tma_view`), else :func:`~headhunt.kernels.triton_stats._load_rows`' pointer load
+    from ``base`` (zeros past ``limit``)."""
+    if TMA:
+        t = X.load([row0 + start, col0])
+        if UPCAST:
+            t = t.to(tl.float32)
+    else:
+        t = _load_rows(X, base, 0, start, offs, limit, stride, d_ok, ROWMASK, False, UPCAST)
+    return t
+
+
+@triton.jit
 def _fwd_tile(
     q,
     acc,
@@ -73,9 +91,12 @@ def _fwd_tile(
     t_i,
     K,
     k_base,
-    k_flat0,
+    k_row0,
+    k_col0,
     V,
     v_base,
+    v_row0,
+    v_col0,
     n0,
     offs_n,
     nk,
@@ -106,7 +127,7 @@ def _fwd_tile(
     ``MASK``: apply each row's visibility (``[lo, hi]`` with ``BOUNDS``, else the causal
     rule and the end of the keys); off for tiles every row sees whole.
     """
-    k = _load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, MASK, TMA, UPCAST)
+    k = _tile(K, k_base, k_row0, k_col0, n0, offs_n, nk, stride_kn, d_ok, MASK, TMA, UPCAST)
     s = _qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
     cols = n0 + offs_n
     if MASK:
@@ -121,9 +142,10 @@ def _fwd_tile(
     m_i, l_i, a_i, t_i, e, alpha = _softmax_tile(
         s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, MASK, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM
     )
-    # Past-the-end value rows are zero-filled (MASK) and carry e = 0 anyway.
-    v = _load_rows(V, v_base, k_flat0, n0, offs_n, nk, stride_vn, d_ok, MASK, TMA, UPCAST)
-    acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=PRECISION)
+    # Value rows past this head's end (zeros, or a neighbour's rows under TMA) carry e = 0.
+    v = _tile(V, v_base, v_row0, v_col0, n0, offs_n, nk, stride_vn, d_ok, MASK, TMA, UPCAST)
+    # The rescaled accumulator goes into the product itself (one MMA chain, no extra add).
+    acc = tl.dot(e.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_i, l_i, a_i, t_i
 
 
@@ -134,6 +156,7 @@ def _fused_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
     LO, HI, SINK,
     nq, nk, q_offset, hq, group, qk_scale, sc_in, sc_out,
+    q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
     ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, PRECISION: tl.constexpr,
@@ -152,8 +175,10 @@ def _fused_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    q_flat0 = pid_bh * nq
-    k_flat0 = (b * (hq // group) + kvh) * nk
+    # TMA: where each head's rows start in its tensor's 2-D view (row, column); see _tma_view.
+    q_row0 = b * q_rb + h * q_rh
+    k_row0 = b * k_rb + kvh * k_rh
+    v_row0 = b * v_rb + kvh * v_rh
     if TMA:
         q_base = Q
         k_base = K
@@ -162,9 +187,10 @@ def _fused_fwd_kernel(
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_d[None, :]
         k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + offs_d[None, :]
         v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh + offs_d[None, :]
-    q = _load_rows(
-        Q, q_base, q_flat0, m0, tl.arange(0, BLOCK_M), nq, stride_qm, d_ok, True, TMA, UPCAST
-    )
+    q = _tile(
+        Q, q_base, q_row0, h * q_ch, m0, tl.arange(0, BLOCK_M), nq, stride_qm, d_ok, True, TMA,
+        UPCAST,
+    )  # fmt: skip
 
     # Finite start for the running max (see triton_stats._row_stats_kernel).
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -202,21 +228,24 @@ def _fused_fwd_kernel(
 
     for n0 in range(k_start, n_lo, BLOCK_N):
         acc, m_i, l_i, a_i, t_i = _fwd_tile(
-            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_flat0, V, v_base, n0, offs_n, nk,
+            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_row0, kvh * k_ch, V, v_base, v_row0,
+            kvh * v_ch, n0, offs_n, nk,
             stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out,
             True, BOUNDS, CAUSAL, SOFTCAP, ENTROPY, ARGMAX, BLOCK_N, PRECISION, UPCAST, EXP,
             ASM, TMA,
         )  # fmt: skip
     for n0 in range(n_lo, n_full, BLOCK_N):
         acc, m_i, l_i, a_i, t_i = _fwd_tile(
-            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_flat0, V, v_base, n0, offs_n, nk,
+            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_row0, kvh * k_ch, V, v_base, v_row0,
+            kvh * v_ch, n0, offs_n, nk,
             stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out,
             False, BOUNDS, CAUSAL, SOFTCAP, ENTROPY, ARGMAX, BLOCK_N, PRECISION, UPCAST, EXP,
             ASM, TMA,
         )  # fmt: skip
     for n0 in range(n_full, hi_end, BLOCK_N):
         acc, m_i, l_i, a_i, t_i = _fwd_tile(
-            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_flat0, V, v_base, n0, offs_n, nk,
+            q, acc, m_i, l_i, a_i, t_i, K, k_base, k_row0, kvh * k_ch, V, v_base, v_row0,
+            kvh * v_ch, n0, offs_n, nk,
             stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out,
             True, BOUNDS, CAUSAL, SOFTCAP, ENTROPY, ARGMAX, BLOCK_N, PRECISION, UPCAST, EXP,
             ASM, TMA,
@@ -247,19 +276,41 @@ def _fused_fwd_kernel(
     )  # fmt: skip
 
 
-def _operands3(L: _Launch, v: Tensor, use: bool):
-    """q, k, v as the kernel takes them: tensors, or TMA descriptors over the flattened
-    [b * heads * n, d] tensors (k and v share the key tile's rows)."""
-    if not (use and L.tma and v.is_contiguous() and v.data_ptr() % 16 == 0):
-        return L.q, L.k, v, False
+def _tma_view(t: Tensor) -> tuple[Tensor, int, int, int] | None:
+    """A 2-D view of a [b, heads, n, d] tensor that bulk copies (TMA) can address, with
+    where head ``h`` of batch row ``i`` starts in it: row ``i * rb + h * rh``, column
+    ``h * ch``. Contiguous tensors view as [b * heads * n, d]; [b, n, heads, d] memory (what
+    a model's projections give, viewed [b, heads, n, d]) as [b * n, heads * d]."""
+    b, h, n, d = t.shape
+    if t.is_contiguous():
+        return t.view(b * h * n, d), h * n, n, 0
+    if t.transpose(1, 2).is_contiguous():
+        return t.transpose(1, 2).reshape(b * n, h * d), n, 0, d
+    return None
+
+
+def _operands(L: _Launch, v: Tensor, use: bool) -> tuple[list, list[int], bool]:
+    """q, k, v as the kernel takes them (TMA descriptors when ``use`` and every tensor has a
+    view that allows them, else the tensors) and the 9 layout integers of :func:`_tma_view`."""
+    views = [_tma_view(t) for t in (L.q, L.k, v)]
+    ok = (
+        use
+        and not _interpreting()
+        and L.d == max(16, triton.next_power_of_2(L.d))
+        and all(x is not None and x[0].data_ptr() % 16 == 0 for x in views)
+        and torch.cuda.get_device_capability(L.q.device)[0] >= 9
+    )
+    if not ok:
+        return [L.q, L.k, v], [0] * 9, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     cfg = L.cfg
-    descs = []
-    for t, rows in ((L.q, cfg.row_block_m), (L.k, cfg.row_block_n), (v, cfg.row_block_n)):
-        t2 = t.view(-1, L.d)
-        descs.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, L.d]))
-    return (*descs, True)
+    blocks = (cfg.row_block_m, cfg.row_block_n, cfg.row_block_n)
+    descs = [
+        TensorDescriptor(x[0], list(x[0].shape), list(x[0].stride()), [rows, L.d])
+        for x, rows in zip(views, blocks, strict=True)
+    ]
+    return descs, [i for x in views for i in x[1:]], True
 
 
 def attention_forward_triton(
@@ -307,7 +358,7 @@ def attention_forward_triton(
     out = _alloc((L.b, L.nq, L.hq, L.d), L.q.dtype, dev).transpose(1, 2)
     cfg = L.cfg
     if L.nq:
-        qd, kd, vd, tma = _operands3(L, v, cfg.row_tma)
+        (qd, kd, vd), layout, tma = _operands(L, v, cfg.row_tma)
         grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
         _fused_fwd_kernel[grid](
             qd, kd, vd, out, lse, mx, arg, ent if ent is not None else lse,
@@ -317,7 +368,7 @@ def attention_forward_triton(
             L.lo if L.lo is not None else arg, L.hi if L.hi is not None else arg,
             L.sinks if L.sinks is not None else lse,
             L.nq, L.nk, L.q_offset, L.hq, L.hq // L.hkv, L.qk_scale, L.softcap_in,
-            L.softcap_out,
+            L.softcap_out, *layout,
             D=L.d, BLOCK_D=max(16, triton.next_power_of_2(L.d)), BLOCK_M=cfg.row_block_m,
             BLOCK_N=cfg.row_block_n, CAUSAL=L.causal, BOUNDS=L.lo is not None,
             SOFTCAP=L.softcap_in > 0, SINKS=L.sinks is not None, ENTROPY=ent is not None,

@@ -74,6 +74,7 @@ class StatsCapture(AttentionHook):
         self.offload = offload
         self.stats: dict[int, object] = {}
         self.key_counts: dict[int, Tensor] = {}  # layer -> [b, nk] queries that see each key
+        self.fused_layers: set[int] = set()  # layers whose last call the fused kernel served
         self._copies: torch.cuda.Stream | None = None
 
     def _keep(self, layer: int, stats) -> None:
@@ -117,6 +118,7 @@ class StatsCapture(AttentionHook):
         from headhunt.kernels import attention_stats
 
         self.stats.pop(call.layer, None)
+        self.fused_layers.discard(call.layer)
         self.key_counts[call.layer] = call.key_counts()
         if self._fusable(call) is None:
             self._keep(
@@ -132,6 +134,7 @@ class StatsCapture(AttentionHook):
             return None
         out, stats = attention_forward(call.query, call.key, call.value, **options, **self.kwargs)
         self._keep(call.layer, stats)
+        self.fused_layers.add(call.layer)
         return out.transpose(1, 2).contiguous()  # [b, nq, hq, d]; no copy from Triton
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:

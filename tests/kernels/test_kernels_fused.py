@@ -144,10 +144,14 @@ def test_triton_forward_matches_dense(case, dtype, oracle, poison):
     "opts", [{}, {"window": 300, "softcap": 30.0, "sinks": True}, {"pad": (0, 77)}]
 )
 @pytest.mark.parametrize("d", [64, 128])
-def test_triton_forward_long_against_reference(opts, d):
-    """Realistic tiles (d 64/128, 1000+ keys, bf16) against the torch reference and SDPA."""
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_triton_forward_long_against_reference(opts, d, layout):
+    """Realistic tiles (d 64/128, 1000+ keys, bf16) against the torch reference and SDPA;
+    inputs contiguous or in [b, n, heads, d] memory (what a model's projections give)."""
     b, hq, hkv, n = 2, 8, 2, 1500
     q, k, v = _inputs(b, hq, hkv, n, n, d, torch.bfloat16, "cuda")
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     kw = _options(b, hq, n, n, opts, "cuda")
     out, st = attention_forward(q, k, v, entropy=True, backend="triton", **kw)
     ref_out, ref = attention_forward(q, k, v, entropy=True, backend="torch", **kw)
@@ -172,4 +176,8 @@ def test_fused_supported_declines_decode_shapes():
     q2, k2, v2 = _inputs(1, 8, 2, 512, 512, 64, torch.bfloat16, "cuda")
     assert fused_supported(q2, k2, v2)
     assert not fused_supported(q2, k2, v2[..., :32])
+    # A layer's kernel arguments (AttentionCall.kernel_kwargs) pass; unknown options do not.
+    call_kw = {"scale": 0.125, "causal": True, "q_offset": 0, "window": 64, "softcap": 30.0}
+    assert fused_supported(q2, k2, v2, options=call_kw)
+    assert not fused_supported(q2, k2, v2, options={**call_kw, "alibi": torch.ones(8)})
     assert math.isfinite(attention_forward(q2, k2, v2)[1].lse.sum().item())

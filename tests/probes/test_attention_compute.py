@@ -113,6 +113,7 @@ def test_stats_capture_computes_the_output_when_fusable(tiny, monkeypatch, compu
     with tiny.hooks(*first, cap), torch.no_grad():
         logits = tiny.model(ids, attention_mask=mask).logits
     assert len(calls) == (0 if computed_first else tiny.n_layers)
+    assert cap.fused_layers == (set() if computed_first else set(range(tiny.n_layers)))
     for name in STATS:  # layer 0 sees the same q, k; later layers the computed outputs
         assert torch.equal(getattr(cap.stats[0], name), getattr(old[0], name)), name
         for layer in old:
@@ -153,8 +154,16 @@ def test_fused_capture_on_cuda_matches_the_model(family, overrides, dtype):
     from headhunt.probes.capture import StatsCapture
 
     cap = StatsCapture(entropy=True)
-    with hm.hooks(cap), torch.no_grad():
-        logits = model(ids, attention_mask=mask).logits.float()
+    fused = []
+    real = headhunt.kernels.attention_forward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            headhunt.kernels, "attention_forward", lambda *a, **k: fused.append(1) or real(*a, **k)
+        )
+        with hm.hooks(cap), torch.no_grad():
+            logits = model(ids, attention_mask=mask).logits.float()
+    assert len(fused) == hm.n_layers  # every layer through the fused kernel
+    assert cap.fused_layers == set(range(hm.n_layers))
     tol = 1e-3 if dtype == torch.float32 else 5e-2
     scale = plain.abs().max().item()
     assert (logits[0] - plain[0]).abs().max().item() < tol * max(1.0, scale)
