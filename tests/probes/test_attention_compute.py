@@ -81,6 +81,8 @@ def _padded_batch(device):
 
 def test_stats_capture_on_cpu_is_the_old_path(tiny):
     """Without CUDA the fused kernel declines: same statistics as fused=False, bit for bit."""
+    if tiny.device.type != "cpu":
+        pytest.skip("the CPU path")
     ids, mask = _padded_batch(tiny.device)
     fused, counts = _capture(tiny, ids, mask)
     old, old_counts = _capture(tiny, ids, mask, fused=False)
@@ -136,19 +138,23 @@ def test_stats_capture_computes_the_output_when_fusable(tiny, monkeypatch, compu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_fused_capture_on_cuda_matches_the_model(family, overrides, dtype):
     """On CUDA the fused kernel serves the whole-sequence calls: the model's logits stay
-    those of its own kernel and the statistics those of the two-pass path."""
+    those of its own kernel (in bf16: no further from the float32 model's than its own
+    kernel's, which for eager layers rounds the scores to bf16) and the statistics those of
+    the two-pass path."""
     from headhunt.kernels import triton_available
     from headhunt.probes.hooked import HookedModel
     from headhunt.probes.tiny import tiny_causal_lm
 
     if not triton_available():
         pytest.skip("no Triton")
-    model = tiny_causal_lm(family, **overrides).to("cuda", dtype)
+    model = tiny_causal_lm(family, **overrides).to("cuda")
     hm = HookedModel(model=model, tokenizer=None, name=family)
     ids = torch.randint(5, 60, (2, 40), device="cuda")
     mask = torch.ones_like(ids)
     mask[1, :7] = 0
     with torch.no_grad():
+        exact = model(ids, attention_mask=mask).logits.float()
+        model.to(dtype)
         plain = model(ids, attention_mask=mask).logits.float()
     old, _ = _capture(hm, ids, mask, fused=False)
     from headhunt.probes.capture import StatsCapture
@@ -165,9 +171,16 @@ def test_fused_capture_on_cuda_matches_the_model(family, overrides, dtype):
     assert len(fused) == hm.n_layers  # every layer through the fused kernel
     assert cap.fused_layers == set(range(hm.n_layers))
     tol = 1e-3 if dtype == torch.float32 else 5e-2
-    scale = plain.abs().max().item()
-    assert (logits[0] - plain[0]).abs().max().item() < tol * max(1.0, scale)
-    assert (logits[1, 7:] - plain[1, 7:]).abs().max().item() < tol * max(1.0, scale)
+    scale = max(1.0, plain.abs().max().item())
+    real_rows = [(0, slice(None)), (1, slice(7, None))]  # pad rows' outputs are free
+    for row, cols in real_rows:
+        err = (logits[row, cols] - plain[row, cols]).abs().max().item()
+        if dtype == torch.float32:
+            assert err < tol * scale
+        else:
+            own = (plain[row, cols] - exact[row, cols]).abs().max().item()
+            ours = (logits[row, cols] - exact[row, cols]).abs().max().item()
+            assert ours <= 2 * own + 0.02 * scale, (ours, own)
     for layer, ref in old.items():
         got = cap.stats[layer]
         seen = torch.isfinite(ref.max_score)
