@@ -25,6 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 CASES = [
     ("causal-gqa", 2, 4, 2, 37, 37, {}),
     ("offset", 1, 3, 1, 21, 45, {}),
+    ("q_offset-scale", 1, 3, 1, 20, 24, {"q_offset": -6, "scale": 0.3}),  # rows see no key
     ("full", 1, 2, 2, 19, 26, {"causal": False}),
     ("window", 1, 4, 2, 40, 40, {"window": 7}),
     ("chunk", 1, 4, 1, 35, 35, {"chunk": 16}),
@@ -111,6 +112,19 @@ def test_forward_rejects_bad_values():
     assert not fused_supported(q, k, v)  # CPU tensors: the torch path
 
 
+def test_torch_reference_value_dim(oracle):
+    """Values may have their own width on the torch backend (the Triton one refuses it)."""
+    q, k, v = _inputs(1, 4, 2, 12, 12, 16, torch.float32, "cpu")
+    v8 = v[..., :8].contiguous()
+    out, _ = attention_forward(q, k, v8, backend="torch")
+    assert out.shape == (1, 4, 12, 8)
+    ref = _dense_output(q, k, v8, oracle.dense(q, k))
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or CUDA:
+        with pytest.raises(ValueError, match="value dim"):
+            attention_forward(q.to(DEVICE), k.to(DEVICE), v8.to(DEVICE), backend="triton")
+
+
 triton = pytest.importorskip("triton")
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -121,7 +135,7 @@ def _triton_ok():
 
 
 # Under the interpreter every tile costs Python time: a few cases on the CPU, all on CUDA.
-_INTERPRETED = {"causal-gqa", "sinks-window-softcap", "padding", "chunk"}
+_INTERPRETED = {"causal-gqa", "sinks-window-softcap", "padding", "chunk", "q_offset-scale"}
 
 
 @pytest.mark.parametrize(
