@@ -2,12 +2,11 @@
 
 headhunt registers its own attention implementation with transformers' ``AttentionInterface``.
 It calls the hooks installed on each attention module and then the model's original kernel
-(SDPA by default), so capture never forces eager attention or an N x N matrix. A hook may
+(SDPA by default), so capture never forces eager attention or an N x N matrix; a hook may
 instead compute the layer's output itself (``AttentionHook.compute``: the statistics capture's
-fused kernel does, on CUDA). It sees the
-queries after rotary embedding and the whole key cache during cached decoding. Cached calls
-(decoding) run SDPA with cuDNN's attention switched off, so GPU runs are reproducible (see
-:func:`_without_cudnn_sdpa`).
+fused kernel does, on CUDA). It sees the queries after rotary embedding and the whole key cache
+during cached decoding. Cached calls (decoding) run SDPA with cuDNN's attention switched off,
+so GPU runs are reproducible (see :func:`_without_cudnn_sdpa`).
 """
 
 from __future__ import annotations
