@@ -69,7 +69,9 @@ def main() -> None:
     p.add_argument("--depths", default="0,50,100")
     p.add_argument("--needles", default="passkey")
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--token-budget", type=int, default=131_072, help="prompt tokens per batch")
+    p.add_argument(
+        "--token-budget", type=int, default=262_144, help="prompt tokens per batch (halved on OOM)"
+    )
     p.add_argument("--out", default="bench_retrieval_long.json")
     args = p.parse_args()
 
@@ -99,31 +101,48 @@ def main() -> None:
     run_trials(model, warm_trials, warm, progress=False)
     greedy_decode(model, torch.tensor([warm_trials[0].input_ids]), max_new_tokens=4)
 
-    rows = []
+    rows, out_of_memory = [], []
     for length in lengths:
-        group = [t for t in trials if t.length == length]
+        queue = [t for t in trials if t.length == length]
         bs = max(1, args.token_budget // length)
-        for i in range(0, len(group), bs):
-            batch = group[i : i + bs]
-            s_ours, gib_ours = timed(
-                lambda batch=batch: run_trials(
-                    model, batch, config, progress=False, batches=[batch]
+        first = True
+        while queue:
+            batch = queue[:bs]
+            try:
+                s_ours, gib_ours = timed(
+                    lambda batch=batch: run_trials(
+                        model, batch, config, progress=False, batches=[batch]
+                    )
                 )
-            )
+            except torch.OutOfMemoryError:
+                # Does not fit on this card: note it, halve the batch and go on.
+                out_of_memory.append({"length": length, "trials": len(batch)})
+                print(f"out of memory: {len(batch)} trials of {length} tokens", flush=True)
+                torch.cuda.empty_cache()
+                if bs == 1:
+                    raise
+                bs //= 2
+                continue
+            queue = queue[len(batch) :]
             row = {
                 "length": length,
                 "trials": len(batch),
                 "headhunt_s": s_ours,
                 "headhunt_peak_gib": gib_ours,
             }
-            if i == 0:  # plain greedy decoding of the same batch, once per length
+            if first:  # plain greedy decoding of the same batch, once per length
                 prompts = torch.tensor([t.input_ids for t in batch])
-                s_plain, gib_plain = timed(
-                    lambda prompts=prompts: greedy_decode(
-                        model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop
+                try:
+                    s_plain, gib_plain = timed(
+                        lambda prompts=prompts: greedy_decode(
+                            model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop
+                        )
                     )
-                )
-                row.update(plain_s=s_plain, plain_peak_gib=gib_plain)
+                    row.update(plain_s=s_plain, plain_peak_gib=gib_plain)
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    row.update(plain_s=None, plain_peak_gib="out of memory")
+                first = False
             rows.append(row)
             print(row, flush=True)
 
@@ -136,6 +155,7 @@ def main() -> None:
         "config": config.to_dict(),
         "token_budget": args.token_budget,
         "batches": rows,
+        "out_of_memory": out_of_memory,
         "grid_trials": len(trials),
         "grid_seconds": total,
         "trials_per_s": len(trials) / total,
