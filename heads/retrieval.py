@@ -9,7 +9,8 @@ trials. Heads above 0.1 are called retrieval heads.
 
 Unlike the reference, which loops in Python over every layer and head at every decoded token
 (a host-device sync per head), all trials of one length decode as a batch and every head's
-argmax is one batched operation per layer (see :func:`headhunt.probes.capture.greedy_decode`);
+argmax comes from one batched operation per decode step, all layers together on CUDA (see
+:func:`headhunt.probes.capture.greedy_decode`);
 prefill uses the model's SDPA kernel, so context length is bounded by the model, not by eager
 attention's N x N memory.
 """

@@ -4,8 +4,8 @@
 - :func:`capture_attention_stats`: per-head attention statistics (log-sum-exp, argmax, per-key
   column sums) from :mod:`headhunt.kernels`, computed inside the forward, layer by layer.
 - :func:`greedy_decode`: batched greedy decoding with a KV cache; optionally, at every step, the
-  argmax key of every layer's and head's attention row, in one batched operation per layer and
-  no host sync per head.
+  argmax key of every layer's and head's attention row, batched over heads (on CUDA one kernel
+  pair for all layers of a step, else one call per layer), with no host sync per head.
 """
 
 from __future__ import annotations
@@ -240,12 +240,19 @@ class DecodeArgmax(AttentionHook):
     def _batched_ok(self, call: AttentionCall) -> bool:
         """Whether the call can go to the many-layer kernel (CUDA with Triton, a dtype and
         head size it takes, unit stride along d)."""
+        from headhunt.kernels.api import _DTYPES, _TRITON_MAX_HEAD_DIM, triton_available
+
         q, k = call.query, call.key
-        if not q.is_cuda or q.dtype != k.dtype or q.device != k.device:
-            return False
-        if q.stride(-1) != 1 or k.stride(-1) != 1:
-            return False
-        return _batched_argmax_ok(q, k)
+        return (
+            q.is_cuda
+            and q.dtype == k.dtype
+            and q.device == k.device
+            and q.stride(-1) == 1
+            and k.stride(-1) == 1
+            and q.dtype in _DTYPES
+            and q.shape[-1] <= _TRITON_MAX_HEAD_DIM
+            and triton_available()
+        )
 
     @property
     def step(self) -> list[Tensor | None]:
@@ -281,13 +288,6 @@ class DecodeArgmax(AttentionHook):
             if layers == list(range(len(self._step))):
                 self._all = out
         self._pending = {}
-
-
-def _batched_argmax_ok(q: Tensor, k: Tensor) -> bool:
-    """The rest of :meth:`DecodeArgmax._batched_ok`: Triton importable, dtype and head size."""
-    from headhunt.kernels.api import _DTYPES, _TRITON_MAX_HEAD_DIM, triton_available
-
-    return q.dtype in _DTYPES and q.shape[-1] <= _TRITON_MAX_HEAD_DIM and triton_available()
 
 
 @dataclass
