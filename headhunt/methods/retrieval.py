@@ -116,7 +116,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         }
         ctx.extra["interchange"] = {
             "retrieval_heads.json": 'reference format {"layer-head": [score per counted trial]}, 0-based, query heads',
-            "duo_attention.tsv": f"layers x KV heads, tab separated, {config.kv_aggregate} over each KV group's query heads",
+            "duo_attention.tsv": f"layers x KV heads, tab separated, {config.kv_aggregate} over each KV group's query heads (raw scores; DuoAttention's pattern folder, with its config.json: headhunt export --format duo)",
         }
         return scores
 
