@@ -378,6 +378,10 @@ def _mask_intervals(
 class AttentionHook:
     """Base class: override what you need. Hooks run in installation order."""
 
+    # Whether the hook reads or changes heads by their index in the model's config (masks,
+    # captures). A pruned layer's head slots are not those indices, so it refuses such hooks.
+    indexes_heads: bool = True
+
     def before(self, call: AttentionCall) -> None:
         """See the call; may replace ``call.query``/``call.key``/``call.value`` to intervene."""
 

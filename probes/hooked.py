@@ -139,6 +139,8 @@ class HookedModel:
         seen: dict[int, int] = {}
 
         class Count(AttentionHook):
+            indexes_heads = False
+
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
 

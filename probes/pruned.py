@@ -127,10 +127,10 @@ def apply_layout(attn: nn.Module, layout: LayerLayout, head_dim: int, *, copy: b
 
 def _refuse_head_hooks(module: nn.Module, args: tuple) -> None:
     """Forward pre-hook of a pruned attention module: headhunt's hooks index heads by the
-    model's head numbers, which a pruned layer's slots are not. The hooked model's own
-    bookkeeping hooks (its load-time call check counts calls) index no head and pass."""
+    model's head numbers, which a pruned layer's slots are not. Hooks that index no head
+    (``indexes_heads = False``: the load-time call check, which counts calls) pass."""
     hooks = getattr(module, "headhunt_hooks", None) or []
-    if any(type(h).__module__ != "headhunt.probes.hooked" for h in hooks):
+    if any(h.indexes_heads for h in hooks):
         raise HeadhuntError(
             f"layer {getattr(module, 'headhunt_layer', '?')} is pruned: head masks, captures and "
             "KV-cache plans index the original heads; run them on the unpruned model"
