@@ -68,7 +68,7 @@ def head_detail_page(ctx: Context) -> None:
         with st.expander("what these metrics mean"):
             st.markdown("\n".join(f"- {hi.describe(m)}" for m in dict.fromkeys(table["metric"])))
     _spread(ctx, layer, head)
-    if ctx.entry.method == "retrieval":
+    if hi.NEEDLE_TRIALS in ctx.entry.panels:
         _needle(ctx, layer, head)
     _attention(ctx, layer, head)
 

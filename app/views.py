@@ -301,7 +301,7 @@ def _head_map(ctx: Context, scores, view: hi.MetricView) -> None:
 
 def circuits_page(ctx: Context) -> None:
     st.header("Circuits")
-    runs = [e for e in ctx.ok_entries if e.method == "circuits"]
+    runs = [e for e in ctx.ok_entries if hi.CIRCUIT in e.panels]
     if not runs:
         st.info("No circuits run here. Make one with:")
         st.code("headhunt circuits --task ioi --out runs/circuits", language="bash")
@@ -309,10 +309,8 @@ def circuits_page(ctx: Context) -> None:
             st.caption(f"The selected run `{ctx.entry.name}` is a {ctx.entry.method} run.")
         return
     names = {str(e.path): e.name for e in runs}
-    start = (
-        str(ctx.entry.path) if ctx.entry is not None and ctx.entry.method == "circuits" else None
-    )
     paths = list(names)
+    start = str(ctx.entry.path) if ctx.entry is not None else None
     path = st.selectbox(
         "circuits run",
         paths,

@@ -6,16 +6,21 @@ message for a corrupt or unfinished run) and run short on-demand computations on
 
 - :mod:`~headhunt.views.runs`: the run catalog, its table, a run's scores, settings diffs;
 - :mod:`~headhunt.views.metrics`: per-head maps, top heads, one head's ranks, run comparisons;
-- :mod:`~headhunt.views.spread`: one head across a run's trials or texts;
+- :mod:`~headhunt.views.spread`: one head across a run's trials or texts (read by its method),
+  and a retrieval run's needle trials;
 - :mod:`~headhunt.views.attention`: one head's attention and sink tokens on a prompt;
 - :mod:`~headhunt.views.interventions`: a needle answer with heads masked or calibrated;
 - :mod:`~headhunt.views.circuits`: a circuits run's AUCs, curves, circuit and edges;
 - :mod:`~headhunt.views.glossary`: what each metric means, and its unit.
+
+Which method-specific panels a run has (:data:`NEEDLE_TRIALS`, :data:`CIRCUIT`) its method
+declares: ``RunEntry.panels``.
 """
 
 from __future__ import annotations
 
 from headhunt.heads.scores import Head, parse_heads
+from headhunt.methods.base import CIRCUIT, NEEDLE_TRIALS
 from headhunt.views.attention import (
     HeadAttention,
     SinkMarks,
@@ -43,7 +48,6 @@ from headhunt.views.interventions import (
     random_heads_like,
 )
 from headhunt.views.metrics import (
-    DEFAULT_METRIC,
     MetricView,
     ViewState,
     compare_runs,
@@ -69,9 +73,10 @@ from headhunt.views.spread import head_spread, needle_trials, spread_summary
 
 __all__ = [
     "AUC_NOTE",
-    "DEFAULT_METRIC",
+    "CIRCUIT",
     "HOW_TO_MAKE_A_RUN",
     "METRICS",
+    "NEEDLE_TRIALS",
     "ROC_METHODS",
     "Answer",
     "CircuitView",

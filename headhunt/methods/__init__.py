@@ -2,7 +2,8 @@
 
 Adding a method is one module here (a :class:`~headhunt.methods.base.Method` subclass and its
 config) and one line in :data:`METHODS`; the CLI subcommand, ``headhunt.run``, resume and
-``--nproc`` come from the engine.
+``--nproc`` come from the engine, and the dashboard's views from the method's declarations
+(its ``metric``, ``spread`` and ``panels``).
 """
 
 from __future__ import annotations
@@ -34,4 +35,10 @@ def get(name: str) -> Method:
     return getattr(import_module(module), cls)()
 
 
-__all__ = ["METHODS", "Method", "MethodConfig", "get", "option"]
+def find(name: str) -> Method | None:
+    """The registered method ``name``, or None (a run of a method this version does not know
+    is still shown: its scores, without a method's own views)."""
+    return get(name) if name in METHODS else None
+
+
+__all__ = ["METHODS", "Method", "MethodConfig", "find", "get", "option"]

@@ -1,4 +1,5 @@
-"""What a method is: a name, a config dataclass, a default metric, and ``run(model, config, ctx)``.
+"""What a method is: a name, a config dataclass, a default metric, ``run(model, config, ctx)``,
+and what the dashboard shows of its runs (a head's spread over its units, its own panels).
 
 A config is a dataclass of :func:`option` fields deriving from :class:`MethodConfig`, which gives
 every method the same ``to_dict`` / ``from_dict`` / ``validate`` and lets the CLI make one flag
@@ -9,17 +10,31 @@ flag), its ``choices``, and for a list its item type (given on the command line 
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from headhunt.errors import HeadhuntError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from headhunt.engine import ModelSpec, RunContext
     from headhunt.heads.scores import HeadScores
     from headhunt.probes.hooked import HookedModel
     from headhunt.rundir import Run
+
+# Method-specific dashboard panels (:attr:`Method.panels`): a view in headhunt/views of files
+# the run writes in the format the panel reads.
+# Head detail: each trial's needle and the head's argmax on it (retrieval's trials.jsonl).
+NEEDLE_TRIALS = "needle trials"
+# The Circuits page: AUCs against patching, ROC curves, the circuit and its edges (auc.json,
+# circuit.json, edges.parquet, as circuits writes them).
+CIRCUIT = "circuit"
+SPREAD_COLUMNS = ["unit", "source", "metric", "value", "counted"]
 
 
 def require(condition: bool, message: str) -> None:
@@ -147,16 +162,19 @@ def _check_value(f, name: str, v: Any) -> None:
 
 class Method:
     """One analysis, as the engine runs it. Subclasses set the class attributes and implement
-    :meth:`parameters`, :meth:`run` and :meth:`show`.
+    :meth:`parameters`, :meth:`run` and :meth:`show`; :meth:`spread` and :attr:`panels` when
+    the dashboard has more to show of their runs than the scores.
 
     Attributes:
         name: the subcommand and the run directory's ``method``.
         Config: its config dataclass (a :class:`MethodConfig`).
-        metric: the default metric of its scores.
+        metric: the default metric of its scores (the dashboard's heads map opens on it).
         help, description: one line, and the paragraph ``--help`` prints.
         units: what ``--nproc`` deals out over processes (e.g. "trials"); None when the method
             has no units of work to share.
         top: rows of the printed tables by default.
+        panels: the method-specific dashboard panels its runs have (:data:`NEEDLE_TRIALS`,
+            :data:`CIRCUIT`).
     """
 
     name: ClassVar[str]
@@ -166,6 +184,7 @@ class Method:
     description: ClassVar[str]
     units: ClassVar[str | None] = None
     top: ClassVar[int] = 15
+    panels: ClassVar[frozenset[str]] = frozenset()
 
     def prepare(self, config: MethodConfig) -> None:
         """Checks that need no model (files, cross-field rules): run before it loads."""
@@ -194,6 +213,37 @@ class Method:
     def show(self, run: Run, top: int) -> None:
         """Print a finished run (after it is made, and when a finished run is resumed)."""
         raise NotImplementedError
+
+    def spread(self, run: Run, layer: int, head: int) -> pd.DataFrame:
+        """One head's value per unit of work (trial, text), read from the run's per-unit
+        records: the values its score averages, as :func:`spread_frame` rows. Empty (the
+        default) when the method keeps no per-unit records."""
+        return spread_frame([])
+
+
+def spread_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """A head's spread: columns ``unit`` (trial id, text index, sequence), ``metric``,
+    ``value``, ``counted`` (whether the unit enters the head's score; default True) and
+    ``source`` (the input kind a score is computed over, e.g. n-gram's random, planted or
+    natural; default "")."""
+    import pandas as pd
+
+    rows = [{"source": "", "counted": True, **r} for r in rows]
+    return pd.DataFrame(rows, columns=SPREAD_COLUMNS).astype({"source": str, "counted": bool})
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a finished run's JSONL file; [] when it is gone (a line cut by a crash ends
+    the list, as in ``RunDir.records``)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
 
 
 def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:

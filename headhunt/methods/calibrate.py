@@ -88,7 +88,7 @@ def read_heads(spec: str) -> list[tuple[int, int]]:
 class Calibrate(Method):
     name = "calibrate"
     Config = CalibrateRunConfig
-    metric = "chosen"
+    metric = "movable_sink_mass"
     help = "ACT attention calibration with held-out test"
     units = "screened heads"
     description = """Attention calibration (ACT, Yu et al. 2024) with honest, held-out evaluation.

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.methods.base import (
+    CIRCUIT,
+    Method,
+    MethodConfig,
+    option,
+    print_table,
+    read_jsonl,
+    require,
+    spread_frame,
+)
 
 TRIALS = "trials.jsonl"
 
@@ -165,7 +174,7 @@ def numbers(c: CircuitsRunConfig) -> dict[str, Any]:
 class Circuits(Method):
     name = "circuits"
     Config = CircuitsRunConfig
-    metric = "sae_node"
+    metric = "sae_changed"  # the default node rule (older runs open on their first view)
     help = "circuit heads from discrete SAE codes"
     description = """\
 Find the heads of a task's circuit with discrete sparse autoencoders (O'Neill & Bui 2024): one
@@ -184,6 +193,7 @@ lines {"positive": ..., "negative": ..., "answer": " Mary", "wrong": " John"} ("
 SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-examples 10
 --position mean --head-norm none --dict-size 200."""
     units = "trials"
+    panels = frozenset({CIRCUIT})
 
     def parameters(self, config: CircuitsRunConfig, model: str) -> dict[str, Any]:
         return {"model": model, **numbers(config)}
@@ -376,6 +386,25 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             ]
             print_table(pd.DataFrame(side), title="SAE vs EAP vs patching (SAE: capture + 1 trial)")
             print(f"trust: {v['trust']}")
+
+    def spread(self, run, layer: int, head: int):
+        """Per SAE trial: the head's node scores and its edge score (a trial record holds
+        every head's, layer-major)."""
+        n_heads = int(run.manifest.get("model", {}).get("n_heads", 0))
+        return spread_frame(
+            {
+                "unit": f"trial {r['index']}",
+                "metric": metric,
+                "value": float(r[key][layer * n_heads + head]),
+            }
+            for r in read_jsonl(run.path / TRIALS)
+            for metric, key in (
+                ("sae_node", "node"),
+                ("sae_node_norm", "node_norm"),
+                ("sae_edge", "edge"),
+            )
+            if key in r and n_heads
+        )
 
 
 def _reuse_truth(src: str, model, ctx, params: dict[str, Any]) -> None:

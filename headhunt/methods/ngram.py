@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.methods.base import (
+    Method,
+    MethodConfig,
+    option,
+    print_table,
+    read_jsonl,
+    require,
+    spread_frame,
+)
 
 SOURCES = ("random", "planted", "natural")
 
@@ -237,6 +245,26 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
 
     def show(self, run, top: int) -> None:
         show(run.scores(), run.manifest["parameters"]["inputs"], top)
+
+    def spread(self, run, layer: int, head: int):
+        """Per sequence of each input kind (``source``): the previous-token, duplicate-token
+        and induction scores."""
+        return spread_frame(
+            {
+                "unit": f"{source} {i}",
+                "source": source,
+                "metric": metric,
+                "value": float(r[key][layer][head]),
+            }
+            for path in sorted(run.path.glob("records-*.jsonl"))
+            for source in [path.stem.removeprefix("records-")]
+            for i, r in enumerate(read_jsonl(path))
+            for metric, key in (
+                ("prev_token", "tl_prev"),
+                ("duplicate_token", "tl_dup"),
+                ("induction", "tl_ind"),
+            )
+        )
 
 
 def _query_counts(scores, source: str, k_max: int) -> dict[str, list[int]]:

@@ -8,7 +8,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from headhunt.methods.base import Method, MethodConfig, option, print_table
+from headhunt.methods.base import (
+    NEEDLE_TRIALS,
+    Method,
+    MethodConfig,
+    option,
+    print_table,
+    read_jsonl,
+    spread_frame,
+)
 
 TRIALS = "trials.jsonl"
 
@@ -61,6 +69,7 @@ manifest.json, scores.parquet, retrieval_heads.json (the reference's format), tr
 duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
     units = "decoding batches"
     top = 20
+    panels = frozenset({NEEDLE_TRIALS})
 
     def parameters(self, config: RetrievalRunConfig, model: str) -> dict[str, Any]:
         return {**config.trials().to_dict(), "model": model, "kv_aggregate": config.kv_aggregate}
@@ -133,3 +142,24 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
                 f"{threshold}; {s['counted_trials']} of {s['trials']} trials answered correctly "
                 "and counted"
             )
+
+    def spread(self, run, layer: int, head: int):
+        """Per trial: the retrieval score and the needle attention (``counted``: the model
+        answered right); from retrieval_heads.json's counted trials when trials.jsonl is gone."""
+        rows = [
+            {
+                "unit": r["id"],
+                "metric": metric,
+                "value": float(r[key][layer][head]),
+                "counted": bool(r.get("counted", True)),
+            }
+            for r in read_jsonl(run.path / TRIALS)
+            for metric, key in (("retrieval_score", "scores"), ("needle_attention", "on_needle"))
+        ]
+        if not rows and (run.path / "retrieval_heads.json").is_file():
+            per = json.loads((run.path / "retrieval_heads.json").read_text())
+            rows = [
+                {"unit": f"counted trial {i}", "metric": "retrieval_score", "value": float(v)}
+                for i, v in enumerate(per.get(f"{layer}-{head}", []))
+            ]
+        return spread_frame(rows)

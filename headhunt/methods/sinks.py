@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.methods.base import (
+    Method,
+    MethodConfig,
+    option,
+    print_table,
+    read_jsonl,
+    require,
+    spread_frame,
+)
 
 RECORDS = "texts.jsonl"
 
@@ -212,3 +220,15 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
             toks = toks.head(top).copy()
             toks["token"] = [repr(t) for t in toks["token"]]
             print_table(toks, "tokens that become hidden sinks")
+
+    def spread(self, run, layer: int, head: int):
+        """Per text: the first-token sink mass, the hidden-sink mass and count."""
+        return spread_frame(
+            {"unit": f"text {r['text']}", "metric": metric, "value": float(r[key][layer][head])}
+            for r in read_jsonl(run.path / RECORDS)
+            for metric, key in (
+                ("first_sink_mass", "s0"),
+                ("hidden_sink_mass", "hidden_mass"),
+                ("hidden_sink_count", "hidden_count"),
+            )
+        )

@@ -13,18 +13,8 @@ import pandas as pd
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.scores import COLUMNS, HeadScores
+from headhunt.methods import find
 from headhunt.views.glossary import metric_info
-
-# The metric a run's heads map opens on, per method (any other metric can be picked).
-DEFAULT_METRIC = {
-    "retrieval": "retrieval_score",
-    "ablate": "retrieval_score",
-    "sinks": "hidden_sink_mass",
-    "calibrate": "movable_sink_mass",
-    "ngram": "induction",
-    "mqar": "query_to_value",
-    "circuits": "sae_changed",  # the default node rule; older runs open on their first view
-}
 
 
 @dataclass(frozen=True)
@@ -94,8 +84,9 @@ def view_matrix(scores: HeadScores, view: MetricView) -> np.ndarray:
 
 
 def default_view(method: str, views: Sequence[MetricView]) -> MetricView | None:
-    """The view a run opens on: its method's headline metric, else the first view."""
-    want = DEFAULT_METRIC.get(method)
+    """The view a run opens on: its method's default metric, else the first view."""
+    known = find(method)
+    want = known.metric if known is not None else None
     for v in views:
         if v.metric == want:
             return v

@@ -3,7 +3,6 @@ their table, their scores and how two runs' settings differ."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import pandas as pd
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.scores import HeadScores
+from headhunt.methods import find
 from headhunt.rundir import MANIFEST, SCORES, Run, find_runs, load_run
 
 HOW_TO_MAKE_A_RUN = (
@@ -36,6 +36,12 @@ class RunEntry:
     @property
     def method(self) -> str:
         return self.run.method if self.run is not None else "?"
+
+    @property
+    def panels(self) -> frozenset[str]:
+        """The method-specific panels its method declares (none for a method not registered)."""
+        method = find(self.method)
+        return method.panels if method is not None else frozenset()
 
 
 def scan_runs(root: str | Path) -> list[RunEntry]:
@@ -226,17 +232,4 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(_flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
-    return out
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file (a line cut by a crash ends the list, as in RunDir.records)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
     return out

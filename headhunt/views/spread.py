@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-import numpy as np
 import pandas as pd
 
+from headhunt.methods import find
+from headhunt.methods.base import read_jsonl, spread_frame
 from headhunt.rundir import Run
-from headhunt.views.runs import _jsonl
 
 
 def head_spread(run: Run, layer: int, head: int) -> pd.DataFrame:
-    """One head's value per trial or text, from the run's per-unit records.
+    """One head's value per trial or text, from the run's per-unit records (read by its
+    method's :meth:`~headhunt.methods.base.Method.spread`).
 
     Columns ``unit`` (trial id, text index, sequence), ``metric``, ``value``, ``counted``
     (whether the unit enters the head's score: retrieval scores average only the trials the
@@ -22,83 +20,8 @@ def head_spread(run: Run, layer: int, head: int) -> pd.DataFrame:
     per-unit records (or the files are gone). :func:`spread_summary` condenses it the way the
     scores were computed.
     """
-    rows: list[dict[str, Any]] = []
-    method = run.method
-    if method == "retrieval":
-        for r in _jsonl(run.path / "trials.jsonl"):
-            for metric in ("scores", "on_needle"):
-                rows.append(
-                    {
-                        "unit": r["id"],
-                        "metric": "retrieval_score" if metric == "scores" else "needle_attention",
-                        "value": float(r[metric][layer][head]),
-                        "counted": bool(r.get("counted", True)),
-                    }
-                )
-        if not rows and (run.path / "retrieval_heads.json").is_file():
-            per = json.loads((run.path / "retrieval_heads.json").read_text()).get(
-                f"{layer}-{head}", []
-            )
-            rows = [
-                {
-                    "unit": f"counted trial {i}",
-                    "metric": "retrieval_score",
-                    "value": float(v),
-                    "counted": True,
-                }
-                for i, v in enumerate(per)
-            ]
-    elif method == "sinks":
-        for r in _jsonl(run.path / "texts.jsonl"):
-            for metric, key in (
-                ("first_sink_mass", "s0"),
-                ("hidden_sink_mass", "hidden_mass"),
-                ("hidden_sink_count", "hidden_count"),
-            ):
-                rows.append(
-                    {
-                        "unit": f"text {r['text']}",
-                        "metric": metric,
-                        "value": float(r[key][layer][head]),
-                    }
-                )
-    elif method == "ngram":
-        for path in sorted(run.path.glob("records-*.jsonl")):
-            source = path.stem.removeprefix("records-")
-            for i, r in enumerate(_jsonl(path)):
-                for metric, key in (
-                    ("prev_token", "tl_prev"),
-                    ("duplicate_token", "tl_dup"),
-                    ("induction", "tl_ind"),
-                ):
-                    rows.append(
-                        {
-                            "unit": f"{source} {i}",
-                            "source": source,
-                            "metric": metric,
-                            "value": float(np.asarray(r[key])[layer, head]),
-                        }
-                    )
-    elif method == "circuits":
-        n_heads = int(run.manifest.get("model", {}).get("n_heads", 0))
-        for r in _jsonl(run.path / "trials.jsonl"):
-            for metric, key in (
-                ("sae_node", "node"),
-                ("sae_node_norm", "node_norm"),
-                ("sae_edge", "edge"),
-            ):
-                if key in r and n_heads:
-                    rows.append(
-                        {
-                            "unit": f"trial {r['index']}",
-                            "metric": metric,
-                            "value": float(r[key][layer * n_heads + head]),
-                        }
-                    )
-    rows = [{"source": "", "counted": True, **r} for r in rows]  # the defaults of other methods
-    return pd.DataFrame(rows, columns=["unit", "source", "metric", "value", "counted"]).astype(
-        {"source": str, "counted": bool}
-    )
+    method = find(run.method)
+    return method.spread(run, layer, head) if method is not None else spread_frame([])
 
 
 def spread_summary(spread: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +34,8 @@ def spread_summary(spread: pd.DataFrame) -> pd.DataFrame:
 
 
 def needle_trials(run: Run, layer: int, head: int) -> pd.DataFrame:
-    """A retrieval run's trials as seen by one head: where the needle was, what the model
+    """A retrieval run's trials as seen by one head (the panel of methods that declare
+    :data:`~headhunt.methods.base.NEEDLE_TRIALS`): where the needle was, what the model
     answered, and the head's score and share of decode steps whose argmax key lay on the
     answer span (``on_needle``)."""
     cols = [
@@ -137,6 +61,6 @@ def needle_trials(run: Run, layer: int, head: int) -> pd.DataFrame:
             "score": float(r["scores"][layer][head]),
             "on_needle": float(r["on_needle"][layer][head]),
         }
-        for r in _jsonl(run.path / "trials.jsonl")
+        for r in read_jsonl(run.path / "trials.jsonl")
     ]
     return pd.DataFrame(rows, columns=cols)
