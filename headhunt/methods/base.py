@@ -160,10 +160,21 @@ def _check_value(f, name: str, v: Any) -> None:
         raise HeadhuntError(f"{name} must be below {below}, got {v}")
 
 
+@dataclass(frozen=True)
+class MetricInfo:
+    """A metric's one-line definition, its unit, why it can be empty (NaN) for a head, and why
+    every head can have the same value (the dashboard shows them next to the metric)."""
+
+    definition: str
+    unit: str
+    when_nan: str = ""
+    when_constant: str = ""  # why every head can have the same value
+
+
 class Method:
     """One analysis, as the engine runs it. Subclasses set the class attributes and implement
-    :meth:`parameters`, :meth:`run` and :meth:`show`; :meth:`spread` and :attr:`panels` when
-    the dashboard has more to show of their runs than the scores.
+    :meth:`parameters`, :meth:`run` and :meth:`show`; :meth:`spread`, :attr:`panels` and
+    :attr:`glossary` when the dashboard has more to show of their runs than the scores.
 
     Attributes:
         name: the subcommand and the run directory's ``method``.
@@ -175,6 +186,8 @@ class Method:
         top: rows of the printed tables by default.
         panels: the method-specific dashboard panels its runs have (:data:`NEEDLE_TRIALS`,
             :data:`CIRCUIT`).
+        glossary: what its own metrics mean (name -> :class:`MetricInfo`), for metrics that
+            ``headhunt.views.glossary`` does not define.
     """
 
     name: ClassVar[str]
@@ -185,6 +198,7 @@ class Method:
     units: ClassVar[str | None] = None
     top: ClassVar[int] = 15
     panels: ClassVar[frozenset[str]] = frozenset()
+    glossary: ClassVar[dict[str, MetricInfo]] = {}
 
     def prepare(self, config: MethodConfig) -> None:
         """Checks that need no model (files, cross-field rules): run before it loads."""

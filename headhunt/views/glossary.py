@@ -1,21 +1,11 @@
 """What each metric in a run's scores means: a one-line definition and its unit, shown next to
-every map, table and chart of the dashboard (and available to notebooks)."""
+every map, table and chart of the dashboard (and available to notebooks). A method's own
+metrics may instead be defined by the method (``Method.glossary``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class MetricInfo:
-    """A metric's one-line definition, its unit, why it can be empty (NaN) for a head, and why
-    every head can have the same value."""
-
-    definition: str
-    unit: str
-    when_nan: str = ""
-    when_constant: str = ""  # why every head can have the same value
-
+from headhunt.methods import METHODS, get
+from headhunt.methods.base import MetricInfo
 
 SHARE = "share of attention, 0-1"
 COUNT = "count"
@@ -227,12 +217,17 @@ METRICS: dict[str, MetricInfo] = {
 
 
 def metric_info(metric: str) -> MetricInfo | None:
-    """The metric's entry (``first_sink_mass_T64`` reads as ``first_sink_mass`` on T tokens)."""
+    """The metric's entry (``first_sink_mass_T64`` reads as ``first_sink_mass`` on T tokens),
+    else a registered method's definition of it, else None."""
     if metric in METRICS:
         return METRICS[metric]
     if metric.startswith("first_sink_mass_T"):
         tokens = metric.removeprefix("first_sink_mass_T")
         return MetricInfo(f"s_0 on the texts' first {tokens} tokens, mean over texts", SHARE)
+    for name in METHODS:  # a method's own metrics, defined where the method is
+        info = get(name).glossary.get(metric)
+        if info is not None:
+            return info
     return None
 
 

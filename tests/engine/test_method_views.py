@@ -1,6 +1,6 @@
 """A method brings its own views: a toy method, one class here and one registry line, gets its
-default metric, a head's spread and its panels in the views and the dashboard, with nothing
-in ``headhunt/views`` or the app naming it."""
+default metric, a head's spread, its panels and its metrics' definitions in the views and the
+dashboard, with nothing in ``headhunt/views`` or the app naming it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import pytest
 import headhunt as hh
 from headhunt import inspect as hi
 from headhunt.methods import METHODS
-from headhunt.methods.base import Method, MethodConfig, option, read_jsonl, spread_frame
+from headhunt.methods.base import (
+    Method,
+    MethodConfig,
+    MetricInfo,
+    option,
+    read_jsonl,
+    spread_frame,
+)
 
 RECORDS = "toy.jsonl"
 
@@ -35,6 +42,7 @@ class Toy(Method):
     description = "A toy method."
     units = "texts"
     panels = frozenset({"toy panel"})
+    glossary = {"toy_focus": MetricInfo("made-up focus of a head, mean over texts", "share")}
 
     def run(self, model, config: ToyConfig, ctx):
         from headhunt.heads.scores import HeadScores
@@ -76,13 +84,15 @@ def toy_run(monkeypatch, tmp_path):
     return hh.run("toy", ToyConfig(), model=model, out=tmp_path / "runs" / "toy", progress=False)
 
 
-def test_a_registered_method_brings_its_default_metric_spread_and_panels(toy_run):
+def test_a_registered_method_brings_its_default_metric_spread_panels_and_glossary(toy_run):
     (entry,) = hi.scan_runs(toy_run.path.parent)
     assert entry.ok and entry.method == "toy" and entry.panels == {"toy panel"}
     scores = hi.read_scores(toy_run)
     views = hi.metric_views(scores)
     assert [v.metric for v in views] == ["toy_count", "toy_focus"]
     assert hi.default_view("toy", views).metric == "toy_focus"
+    assert hi.describe("toy_focus") == "toy_focus: made-up focus of a head, mean over texts [share]"
+    assert "no definition recorded" in hi.describe("toy_count")
 
     spread = hi.head_spread(toy_run, 1, 2)  # head 6 of the grid: 0.06, 0.12, 0.18
     assert list(spread["unit"]) == ["text 0", "text 1", "text 2"]
@@ -99,6 +109,7 @@ def test_an_unregistered_method_keeps_its_scores_without_method_views(toy_run, m
     views = hi.metric_views(hi.read_scores(toy_run))
     assert hi.default_view("toy", views).metric == "toy_count"  # the first view
     assert hi.head_spread(toy_run, 1, 2).empty
+    assert hi.metric_info("toy_focus") is None
 
 
 def test_the_dashboard_shows_the_toy_methods_views(toy_run, monkeypatch):
@@ -112,6 +123,7 @@ def test_the_dashboard_shows_the_toy_methods_views(toy_run, monkeypatch):
     at.run()
     assert not at.exception and not at.error
     assert at.selectbox(key="w_view::" + str(toy_run.path)).value == "toy_focus"
+    assert any(c.value.startswith("toy_focus: made-up focus") for c in at.caption)
     at.sidebar.radio(key="page").set_value("Head detail").run()
     assert not at.exception and not at.error
     assert "Spread across trials / texts" in [s.value for s in at.subheader]
