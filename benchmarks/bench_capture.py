@@ -12,6 +12,10 @@ Variants, each timed in the same process on the same card (median after a warm-u
 - ``two_pass``: the model's SDPA, then the statistics kernels on q, k (``fused=False``,
   row and column passes), the path before the fused kernel.
 
+``--spread`` runs the plain forward once under each of SDPA's CUDA backends (flash,
+memory-efficient, cuDNN) and reports how far their last-position logits (and one layer's
+outputs) lie from each other: the yardstick for the fused kernel's own difference.
+
 ``--layer`` adds one attention layer of the model's shape on its own (CUDA): SDPA as the
 model calls it, the fused kernel, the column pass alone, and the column pass's floor on
 this card (its matrix products at the measured bf16 matmul rate, its exponentials at the
@@ -232,6 +236,46 @@ def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bo
     return run
 
 
+def backend_spread(model: HookedModel, ids: torch.Tensor) -> dict:
+    """Largest |difference| between SDPA's CUDA backends: the last position's logits of the
+    whole model, and one layer's output (q, k, v as in :func:`layer_bench`), each backend
+    against the one the model picks by default. A backend that refuses the shape is noted."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    dev, dt = model.device, model.dtype
+    n, hq, hkv, d = ids.shape[1], model.n_heads, model.n_kv_heads, model.head_dim
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, n, hq, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    k = torch.randn(1, n, hkv, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    v = torch.randn(1, n, hkv, d, device=dev, dtype=dt, generator=g).transpose(1, 2)
+    module, sdpa = model.modules[0], ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            logits = model.model(ids, use_cache=False, logits_to_keep=1).logits.float()
+            layer = sdpa(module, q, k, v, None, dropout=0.0, scaling=module.scaling)[0]
+        return logits, layer.float()
+
+    default_logits, default_layer = both()
+    out = {"tokens": n}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.CUDNN_ATTENTION):  # fmt: skip
+        try:
+            with sdpa_kernel([backend]):
+                logits, layer = both()
+        except RuntimeError as e:
+            out[backend.name] = {"error": str(e).splitlines()[0][:200]}
+            continue
+        out[backend.name] = {
+            "logits_max_abs_diff_vs_default": (logits - default_logits).abs().max().item(),
+            "layer_max_abs_diff_vs_default": (layer - default_layer).abs().max().item(),
+        }
+        del logits, layer
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -250,6 +294,9 @@ def main() -> None:
     p.add_argument("--layer", action="store_true", help="also time one attention layer alone")
     p.add_argument(
         "--sweep", type=int, default=0, help="first pick the fused tiles at this many tokens"
+    )
+    p.add_argument(
+        "--spread", action="store_true", help="also compare SDPA's backends with each other"
     )
     p.add_argument(
         "--eager-layer", action="store_true", help="also try one layer's dense N x N pattern"
@@ -283,6 +330,8 @@ def main() -> None:
         run = end_to_end(model, ids, args.repeats, two_pass=n <= args.two_pass_upto)
         if args.layer and dev.type == "cuda":
             run["layer"] = layer_bench(model, n)
+        if args.spread and dev.type == "cuda":
+            run["sdpa_backend_spread"] = backend_spread(model, ids)
         print(json.dumps(run, indent=2), flush=True)
         report["runs"].append(run)
         torch.cuda.empty_cache() if dev.type == "cuda" else None
