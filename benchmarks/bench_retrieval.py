@@ -10,10 +10,17 @@ every head's argmax in one operation per layer.
     python benchmarks/bench_retrieval.py --lengths 1000,2000 --repeats 3 --out bench.json
 
 ``per_layer`` times headhunt with the decode argmax taken one layer at a time through
-``attention_stats`` (the path before the many-layer kernel; on the CPU both are the same).
+``attention_stats`` (the path before the many-layer kernel; on the CPU both are the same);
+``all_rows`` with the argmax also taken for rows that already stopped (the path before
+``skip_stopped_rows``; its records must equal headhunt's).
 On a big grid, ``--reference-every N`` runs the reference loop on every N-th trial only: its
 cost is per trial (no batching), so its trials/s on an even sample of the grid stands for
-the whole grid; agreement is then checked on those trials.
+the whole grid; agreement is then checked on those trials. ``--once`` times the methods it
+names in the first repeat only (checks, and the slow reference loop).
+
+Every timed method first runs over the whole grid once (warm-up: Triton compiles shape
+specialisations, the allocator grows); then, in each repeat, the methods take turns on each
+batch, the first one rotating from batch to batch.
 """
 
 from __future__ import annotations
@@ -27,11 +34,19 @@ import statistics
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import numpy as np
 import torch
 
-from headhunt.heads.retrieval import RetrievalConfig, build_trials, run_trials, stop_token_ids
+from headhunt.heads import retrieval
+from headhunt.heads.retrieval import (
+    RetrievalConfig,
+    build_trials,
+    plan_batches,
+    run_trials,
+    stop_token_ids,
+)
 from headhunt.probes import capture
 from headhunt.probes.capture import _cache, greedy_decode
 from headhunt.probes.hooked import load_model
@@ -71,6 +86,21 @@ def reference_trial(
             for m in model.modules:
                 m.headhunt_base = "sdpa"
     return scores, tokens
+
+
+@contextmanager
+def every_row_scored():
+    """headhunt with the argmax taken for rows that already stopped, too."""
+    real = retrieval.greedy_decode
+
+    def decode(*args, **kwargs):
+        return real(*args, **{**kwargs, "skip_stopped_rows": False})
+
+    retrieval.greedy_decode = decode
+    try:
+        yield
+    finally:
+        retrieval.greedy_decode = real
 
 
 @contextmanager
@@ -153,6 +183,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--methods", default="headhunt,plain_greedy,reference_loop")
     p.add_argument("--reference-every", type=int, default=1)
+    p.add_argument("--once", default="", help="methods timed in the first repeat only")
     p.add_argument("--profile", action="store_true", help="cProfile one batch's decoding")
     p.add_argument("--lengths", default="1000,2000")
     p.add_argument("--depths", default="0,50,100")
@@ -177,55 +208,76 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"{len(trials)} trials on {name}, {model.dtype}, lengths {config.lengths}")
 
-    def ours():
-        return run_trials(model, trials, config, progress=False)
-
-    def per_layer():
-        with per_layer_path():
-            return run_trials(model, trials, config, progress=False)
-
-    def plain():
-        by_len: dict[int, list] = {}
-        for t in trials:
-            by_len.setdefault(t.length, []).append(t)
-        for length, group in by_len.items():
-            bs = config.batch_size or max(1, (16_384 if dev.type == "cpu" else 262_144) // length)
-            for i in range(0, len(group), bs):
-                prompts = torch.tensor([t.input_ids for t in group[i : i + bs]])
-                greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop)
-
+    batches = plan_batches(model, trials, config)
     sample = list(range(0, len(trials), args.reference_every))
+    sampled = {trials[i].id for i in sample}
 
-    def reference():
-        return [reference_trial(model, trials[i], config.max_new_tokens, stop) for i in sample]
+    def ours(batch):
+        return run_trials(model, trials, config, progress=False, batches=[batch])
+
+    def all_rows(batch):
+        # The scorer with the argmax taken for every row at every step (stopped rows too).
+        with every_row_scored():
+            return ours(batch)
+
+    def per_layer(batch):
+        with per_layer_path():
+            return ours(batch)
+
+    def plain(batch):
+        prompts = torch.tensor([t.input_ids for t in batch])
+        greedy_decode(model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop)
+
+    def reference(batch):
+        return [
+            reference_trial(model, t, config.max_new_tokens, stop) for t in batch if t.id in sampled
+        ]
 
     known = {
         "headhunt": ours,
+        "all_rows": all_rows,
         "per_layer": per_layer,
         "plain_greedy": plain,
         "reference_loop": reference,
     }
     methods = {m: known[m] for m in args.methods.split(",")}
-    # Warm-up: one pass of each on the first trial's batch (kernels, allocator, caches).
-    warm = RetrievalConfig(
-        **{**config.to_dict(), "lengths": config.lengths[:1], "depths": config.depths[:1]}
-    )
-    run_trials(model, build_trials(model, warm), warm, progress=False)
-    if "per_layer" in methods:
-        with per_layer_path():
-            run_trials(model, build_trials(model, warm), warm, progress=False)
-    if "reference_loop" in methods:
-        reference_trial(model, trials[0], 4, stop)
+    once = set(args.once.split(",")) if args.once else set()
+    # Warm-up (kernels compiled for every shape the grid meets, allocator, caches): the
+    # timed methods over every batch of the grid; the others on the first batch (their
+    # kernels do not specialise on length), the reference loop on a short decode.
+    for label, fn in methods.items():
+        if label == "reference_loop":
+            reference_trial(model, trials[0], 4, stop)
+        else:
+            for batch in batches if label not in once else batches[:1]:
+                fn(batch)
 
+    # Methods take turns on each batch, the first one rotating from batch to batch, so a
+    # drift of the card's clocks or of the host reaches every method alike; a method's
+    # time for one repeat is the sum over the grid's batches.
     results, outputs = {}, {}
+    labels = list(methods)
     for rep in range(args.repeats):
-        for label, fn in methods.items():
-            dt, mem, out = timed(fn, dev)
-            results.setdefault(label, {"seconds": [], "peak_gib": []})
-            results[label]["seconds"].append(dt)
-            results[label]["peak_gib"].append(mem)
-            outputs[label] = out
-            print(f"repeat {rep} {label}: {dt:.2f} s, peak {mem:.2f} GiB", flush=True)
+        active = [m for m in labels if rep == 0 or m not in once]
+        per_batch = {m: [] for m in active}
+        records = {m: [] for m in active}
+        for i, batch in enumerate(batches):
+            k = (i + rep) % len(active)
+            for label in active[k:] + active[:k]:
+                dt, mem, out = timed(partial(methods[label], batch), dev)
+                per_batch[label].append(dt)
+                r = results.setdefault(label, {"seconds": [], "peak_gib": [], "batch_seconds": []})
+                r["peak_gib"].append(mem)
+                if out is not None:
+                    records[label].extend(out)
+        for label in active:
+            results[label]["seconds"].append(sum(per_batch[label]))
+            results[label]["batch_seconds"].append(per_batch[label])
+            outputs[label] = records[label]
+        print(
+            f"repeat {rep}: " + ", ".join(f"{m} {sum(per_batch[m]):.2f} s" for m in active),
+            flush=True,
+        )
 
     summary = {}
     for label, r in results.items():
@@ -236,12 +288,16 @@ def main() -> None:
             "median_s": med,
             "trials_per_s": n / med,
             "peak_gib": max(r["peak_gib"]),
+            "repeats": len(r["seconds"]),
             "all_seconds": r["seconds"],
+            "spread_s": [min(r["seconds"]), max(r["seconds"])],
+            "batch_lengths": [b[0].length for b in batches],
+            "batch_seconds": r["batch_seconds"],
         }
     ours_med = summary["headhunt"]["median_s"]
     check = {}
     if "reference_loop" in outputs:
-        ours_s = [outputs["headhunt"][i] for i in sample]
+        ours_s = [r for r in outputs["headhunt"] if r["id"] in sampled]
         a = np.array([r["scores"] for r in ours_s])
         b = np.array([scores for scores, _ in outputs["reference_loop"]])
         diff = np.abs(a - b).max((1, 2))
@@ -272,8 +328,15 @@ def main() -> None:
         check["per_layer_identical_trials"] = int((np.abs(a - b).max((1, 2)) < 1e-6).sum())
         check["per_layer_max_abs_diff"] = float(np.abs(a - b).max())
         summary["speedup_vs_per_layer"] = summary["per_layer"]["median_s"] / ours_med
+    if "all_rows" in outputs:
+        # Skipping the argmax of stopped rows must leave every record as it was.
+        check["all_rows_identical_records"] = outputs["all_rows"] == outputs["headhunt"]
     if "plain_greedy" in summary:
         summary["overhead_vs_plain"] = ours_med / summary["plain_greedy"]["median_s"] - 1
+        # Repeat by repeat (the two took turns on every batch of that repeat).
+        hh_s, plain_s = results["headhunt"]["seconds"], results["plain_greedy"]["seconds"]
+        if len(hh_s) == len(plain_s):
+            summary["overhead_per_repeat"] = [a / b - 1 for a, b in zip(hh_s, plain_s, strict=True)]
     report = {
         "device": name,
         "dtype": str(model.dtype),

@@ -209,8 +209,15 @@ def run_trials(
 def _score_batch(model, batch, config, stop, on_record) -> list[dict[str, Any]]:
     prompts = torch.tensor([t.input_ids for t in batch], device=model.device)
     spans = torch.tensor([t.span for t in batch], device=model.device)
+    # Steps past a row's stop token count for no score (trial_hits' `valid`): their argmax
+    # is not computed.
     decoded = greedy_decode(
-        model, prompts, max_new_tokens=config.max_new_tokens, stop_ids=stop, capture_argmax=True
+        model,
+        prompts,
+        max_new_tokens=config.max_new_tokens,
+        stop_ids=stop,
+        capture_argmax=True,
+        skip_stopped_rows=True,
     )
     score, on_needle = trial_hits(decoded, prompts, spans)
     score, on_needle = score.cpu().numpy(), on_needle.cpu().numpy()

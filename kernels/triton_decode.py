@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float, Int64
+from jaxtyping import Bool, Float, Int64
 from torch import Tensor
 
 from .triton_stats import _interpreting, _qk, _sm_count, default_config
@@ -36,14 +36,15 @@ _VARYING = ["n_layers", "nk", "split_len", "n_splits"]
 
 @triton.jit(do_not_specialize=_VARYING)
 def _argmax_split_kernel(
-    PTRS, K0, PM, PA,
+    PTRS, K0, PM, PA, SKIP,
     n_layers, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn,
     nk, hkv, group, split_len, n_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_SKIP: tl.constexpr,
 ):  # fmt: skip
     """One program per (key split, batch row x kv head, layer): the raw max and its first
-    key over the split, for each query head of the kv head's group (one row each)."""
+    key over the split, for each query head of the kv head's group (one row each). A batch
+    row flagged in ``SKIP`` reads no key (its split is empty)."""
     pid_s = tl.program_id(0)
     pid_bk = tl.program_id(1)
     pid_l = tl.program_id(2)
@@ -67,6 +68,8 @@ def _argmax_split_kernel(
         q = q.to(tl.float32)
     s0 = pid_s * split_len
     s1 = tl.minimum(s0 + split_len, nk)
+    if HAS_SKIP:
+        s1 = tl.where(tl.load(SKIP + b) != 0, s0, s1)
     k_base = k_layer + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
     k_base = k_base + offs_d[None, :]
     m_i = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
@@ -95,11 +98,12 @@ def _argmax_split_kernel(
 
 @triton.jit(do_not_specialize=["n_splits", "key_start"])
 def _argmax_combine_kernel(
-    PM, PA, OUT, hkv, group, n_splits, key_start,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+    PM, PA, OUT, SKIP, hkv, group, n_splits, key_start,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SKIP: tl.constexpr,
 ):  # fmt: skip
     """One program per (batch row x kv head, layer): the first split reaching the top max
-    (splits are in key order, so ties keep the lowest key), plus ``key_start``."""
+    (splits are in key order, so ties keep the lowest key), plus ``key_start``; -1 for a
+    batch row flagged in ``SKIP``."""
     pid_bk = tl.program_id(0)
     pid_l = tl.program_id(1)
     b = pid_bk // hkv
@@ -117,13 +121,17 @@ def _argmax_combine_kernel(
     row_ok = r < group
     h = kvh * group + r
     out = (pid_l * tl.num_programs(0) + b * hkv) * group + h
-    tl.store(OUT + out, a_i.to(tl.int64) + key_start, mask=row_ok)
+    pos = a_i.to(tl.int64) + key_start
+    if HAS_SKIP:
+        pos = tl.where(tl.load(SKIP + b) != 0, -1, pos)
+    tl.store(OUT + out, pos, mask=row_ok)
 
 
 def decode_argmax_layers(
     queries: list[Float[Tensor, "b hq 1 d"]],
     keys: list[Float[Tensor, "b hkv nk d"]],
     key_start: int = 0,
+    skip_rows: Bool[Tensor, " b"] | None = None,
 ) -> Int64[Tensor, "layers b hq"]:
     """Argmax key of each query head's single query over its whole key cache, for several
     layers at once, plus ``key_start`` (the absolute position of key 0).
@@ -132,6 +140,9 @@ def decode_argmax_layers(
     layer on the split-K decode path (no mask beyond the cache, no softcap). All layers
     must share shapes, strides, dtype and device; queries and keys must have unit stride
     along ``d`` and stay alive until the launches are queued (they are not copied).
+    ``skip_rows`` (on the keys' device) flags batch rows whose argmax is not wanted: they
+    get -1 in every layer and head, and their keys are not read (no host sync: the flags
+    are read by the kernels).
     """
     q0, k0 = queries[0], keys[0]
     n_layers = len(queries)
@@ -148,9 +159,14 @@ def decode_argmax_layers(
     if q0.stride(-1) != 1 or k0.stride(-1) != 1:
         raise ValueError("q and k need unit stride along the head dimension")
     dev = k0.device
+    if skip_rows is not None and (
+        skip_rows.shape != (b,) or skip_rows.dtype != torch.bool or skip_rows.device != dev
+    ):
+        raise ValueError(f"skip_rows must be a [{b}] bool tensor on {dev}")
     out = torch.empty(n_layers, b, hq, dtype=torch.int64, device=dev)
     if nk == 0:
-        return out.fill_(key_start - 1)
+        out.fill_(key_start - 1)
+        return out if skip_rows is None else out.masked_fill_(skip_rows.view(1, b, 1), -1)
     group = hq // hkv
     block_r = max(16, triton.next_power_of_2(group))
     block_n = 16 if _interpreting() else 64
@@ -169,20 +185,23 @@ def decode_argmax_layers(
     n_part = programs * splits * block_r
     pm = torch.empty(n_part, dtype=torch.float32, device=dev)
     pa = torch.empty(n_part, dtype=torch.int32, device=dev)
+    # Flags as bytes (a pointer the kernels read); any pointer when HAS_SKIP is off.
+    skip = table if skip_rows is None else skip_rows.contiguous().view(torch.uint8)
     cfg = default_config(d, k0.dtype)
     precision = "ieee" if _interpreting() else cfg.fp32_dot
     if k0.dtype != torch.float32:
         precision = "tf32"
     _argmax_split_kernel[(splits, b * hkv, n_layers)](
-        table, k0, pm, pa,
+        table, k0, pm, pa, skip,
         n_layers, q0.stride(0), q0.stride(1), k0.stride(0), k0.stride(1), k0.stride(2),
         nk, hkv, group, split_len, splits,
         D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_R=block_r, BLOCK_N=block_n,
         PRECISION=precision, UPCAST=_interpreting() and k0.dtype == torch.bfloat16,
-        num_warps=4, num_stages=3,
+        HAS_SKIP=skip_rows is not None, num_warps=4, num_stages=3,
     )  # fmt: skip
     _argmax_combine_kernel[(b * hkv, n_layers)](
-        pm, pa, out, hkv, group, splits, key_start,
-        BLOCK_R=block_r, BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=4,
+        pm, pa, out, skip, hkv, group, splits, key_start,
+        BLOCK_R=block_r, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        HAS_SKIP=skip_rows is not None, num_warps=4,
     )  # fmt: skip
     return out

@@ -205,6 +205,10 @@ class DecodeArgmax(AttentionHook):
     same scores and tie rule as the split-K path of ``attention_stats``). Per-layer calls cost
     more host time than the whole step's GPU work on a small model. Other layers go through
     ``attention_stats`` at once.
+
+    ``skip_rows`` ([b] bool on the model's device, or None) flags batch rows whose argmax
+    is not wanted at the coming steps (e.g. rows that already stopped): they get -1, and
+    the many-layer kernel does not read their keys.
     """
 
     # kernel_kwargs of a call that sees its whole cache: nothing but these (sinks do not
@@ -215,6 +219,8 @@ class DecodeArgmax(AttentionHook):
         self._step: list[Tensor | None] = [None] * n_layers
         self._pending: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer -> q, k, key start
         self._all: Tensor | None = None  # [layers, b, hq] when one launch served every layer
+        self.skip_rows: Tensor | None = None
+        self._pending_skip: Tensor | None = None
 
     def before(self, call: AttentionCall) -> None:
         from headhunt.kernels import attention_stats
@@ -229,12 +235,16 @@ class DecodeArgmax(AttentionHook):
         kw = None if plain else call.kernel_kwargs()
         if (plain or kw.keys() <= self._WHOLE_CACHE) and self._batched_ok(call):
             self._pending[call.layer] = (call.query, call.key, call.key_start)
+            self._pending_skip = self.skip_rows  # the step's flags, should it be read late
             return
         # The kernels' decode path (split-K on CUDA) scores in float32 like the model's own
         # kernel accumulates, and takes the lowest key on ties.
         kw = call.kernel_kwargs() if kw is None else kw
         stats = attention_stats(call.query, call.key, key_stats=False, **kw)
-        self._step[call.layer] = stats.argmax[:, :, 0] + call.key_start
+        step = stats.argmax[:, :, 0] + call.key_start
+        if self.skip_rows is not None:
+            step = step.masked_fill(self.skip_rows.to(step.device)[:, None], -1)
+        self._step[call.layer] = step
         self._all = None
 
     def _batched_ok(self, call: AttentionCall) -> bool:
@@ -282,7 +292,9 @@ class DecodeArgmax(AttentionHook):
         self._all = None
         for key, layers in groups.items():
             qs = [self._pending[i][0] for i in layers]
-            out = decode_argmax_layers(qs, [self._pending[i][1] for i in layers], key[-1])
+            ks = [self._pending[i][1] for i in layers]
+            skip = None if self._pending_skip is None else self._pending_skip.to(key[-2])
+            out = decode_argmax_layers(qs, ks, key[-1], skip)
             for i, layer in enumerate(layers):
                 self._step[layer] = out[i]
             if layers == list(range(len(self._step))):
@@ -298,7 +310,8 @@ class Decoded:
         tokens: [batch, steps] generated ids (a row's tokens after its stop token are junk).
         lengths: [batch] number of valid generated tokens per row, stop token included.
         argmax: [steps, layers, batch, heads] argmax key position of each decode step's query
-            (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None.
+            (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None;
+            -1 at a row's steps past ``lengths`` when decoded with ``skip_stopped_rows``.
     """
 
     tokens: Int[Tensor, "b steps"]
@@ -314,6 +327,7 @@ def greedy_decode(
     max_new_tokens: int,
     stop_ids: Collection[int] = (),
     capture_argmax: bool = False,
+    skip_stopped_rows: bool = False,
     hooks: tuple[AttentionHook, ...] = (),
     attention_mask: Int[Tensor, "b n"] | None = None,
 ) -> Decoded:
@@ -325,7 +339,9 @@ def greedy_decode(
     ``hooks`` (e.g. head masks) stay installed for prefill and decoding alike.
     ``attention_mask`` ([batch, n], 0 = pad) decodes left-padded prompts: pads are never
     attended to and positions count real tokens only, as ``generate`` does. Argmax positions
-    index the padded rows.
+    index the padded rows. ``skip_stopped_rows`` captures no argmax for a row once it has
+    produced a stop token (-1 at its later steps, whose tokens are junk): the argmax kernel
+    then reads no keys for rows that are done, while the batch decodes on for the others.
     """
     dev = model.device
     prompts = prompts.to(dev)
@@ -348,12 +364,17 @@ def greedy_decode(
                     mask = torch.cat([mask, mask.new_ones(b, 1)], 1)
                 m, pos = _mask_and_positions(mask, n + t)
                 pos = None if pos is None else pos[:, -1:]
+                if cap is not None and skip_stopped_rows:
+                    # Rows that stopped before this step. `done` is replaced below, never
+                    # changed in place, so this is still the state before step t when the
+                    # argmax is taken (the row whose token t is its stop token is scored).
+                    cap.skip_rows = done
                 out = _step(model, cur, m, pos, past)
                 past = _cache(out)
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
                 lengths += (~done).long()
-                done |= torch.isin(nxt, stop)
+                done = done | torch.isin(nxt, stop)
                 finished = bool(done.all())  # the one host sync per step
                 if cap is not None:
                     # After the sync, so the argmax kernels run while the host prepares the

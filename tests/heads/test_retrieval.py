@@ -106,6 +106,62 @@ def test_planted_copy_head_ranks_first():
     assert len(ref) == 8 and ref["1-2"] == [pytest.approx(1.0)] * len(trials)
 
 
+@pytest.mark.parametrize("many_layer", [False, True])
+def test_skipping_stopped_rows_keeps_every_score(device, monkeypatch, many_layer):
+    # Two rows copy answers of 3 and 2 tokens, then stop (EOS); the planted head's argmax
+    # stays on the span's last token at the stop step itself, which counts for on_needle
+    # but cannot hit. Skipping the argmax of rows that stopped must change nothing; skipping
+    # one step too early (the stop step) would lower that head's on_needle.
+    from headhunt.kernels import attention_stats
+    from headhunt.kernels import triton_decode as td
+    from headhunt.probes import capture
+    from headhunt.probes.capture import greedy_decode
+
+    def per_layer(queries, keys, key_start=0, skip_rows=None):
+        stats = [attention_stats(q, k, key_stats=False) for q, k in zip(queries, keys, strict=True)]
+        out = torch.stack([s.argmax[:, :, 0] for s in stats]) + key_start  # [layers, b, hq]
+        return out if skip_rows is None else out.masked_fill(skip_rows[None, :, None], -1)
+
+    tiny = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=4)  # one KV head per planted head
+    tiny.model.to(device)
+    if many_layer:
+        monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
+        if tiny.device.type != "cuda":
+            monkeypatch.setattr(td, "decode_argmax_layers", per_layer)
+    torch.manual_seed(0)
+    prompts = torch.randint(5, 60, (2, 20))
+    spans = [(4, 7), (10, 12)]
+    layer, head = 1, 2
+    eos = tiny.tokenizer.eos_token_id
+    decoded = {}
+    for skip in (False, True):
+        handle = force_copy_output(tiny, prompts.tolist(), spans, eos)
+        try:
+            with tiny.hooks(PlantedCopy(layer, head, spans, 20), layers=[layer]):
+                decoded[skip] = greedy_decode(
+                    tiny, prompts, max_new_tokens=6, stop_ids={eos}, capture_argmax=True,
+                    skip_stopped_rows=skip,
+                )  # fmt: skip
+        finally:
+            handle.remove()
+    got, full = decoded[True], decoded[False]
+    assert got.lengths.tolist() == [4, 3] and got.argmax.shape[0] == 4
+    stop_step = got.argmax[[3, 2], layer, [0, 1], head]
+    assert stop_step.tolist() == [6, 11]  # the stop step is scored: the span's last token
+    assert (got.argmax[3, :, 1] == -1).all()  # row 1's step after its stop is not
+    dev = got.tokens.device
+    span_t = torch.tensor(spans, device=dev)
+    score, on_needle = trial_hits(got, prompts.to(dev), span_t)
+    ref_score, ref_on = trial_hits(full, prompts.to(dev), span_t)
+    assert torch.equal(score, ref_score) and torch.equal(on_needle, ref_on)
+    assert score[:, layer, head].tolist() == [1.0, 1.0]
+    assert on_needle[:, layer, head].tolist() == [1.0, 1.0]
+    early = got.argmax.clone()
+    early[[3, 2], :, [0, 1]] = -1  # what an off-by-one skip would have left
+    _, wrong = trial_hits(Decoded(got.tokens, got.lengths, early), prompts.to(dev), span_t)
+    assert not torch.equal(wrong, on_needle)
+
+
 def test_wrong_answers_are_not_counted(tiny):
     config = RetrievalConfig(lengths=[128], depths=[50], needles=["passkey"], max_new_tokens=3)
     records = run_trials(tiny, build_trials(tiny, config), config, progress=False)
@@ -149,3 +205,29 @@ def test_embedded_model_finds_sparse_retrieval_heads(smol):
     mat = aggregate(records, smol).matrix("retrieval_score")
     assert mat.max() > 0.3
     assert (mat > 0.1).mean() < 0.15  # sparse: a few percent of heads
+
+
+@pytest.mark.slow
+def test_embedded_model_scores_equal_with_stopped_rows_skipped(smol, monkeypatch):
+    # The scorer skips the argmax of rows that stopped; records must equal a run that
+    # takes it for every row and step (the batch's answers stop at different steps).
+    from headhunt.heads import retrieval
+
+    config = RetrievalConfig(
+        lengths=[400], depths=[30, 70], needles=["passkey", "magic"], max_new_tokens=12
+    )
+    trials = build_trials(smol, config)
+    real, seen = retrieval.greedy_decode, {}
+
+    def decode(*args, skip_stopped_rows=False, **kwargs):
+        out = real(*args, skip_stopped_rows=seen["skip"], **kwargs)
+        seen.setdefault("lengths", set()).update(out.lengths.tolist())
+        return out
+
+    monkeypatch.setattr(retrieval, "greedy_decode", decode)
+    records = {}
+    for skip in (True, False):
+        seen["skip"] = skip
+        records[skip] = run_trials(smol, trials, config, progress=False)
+    assert len(seen["lengths"]) > 1  # some rows stopped while others decoded on
+    assert records[True] == records[False]

@@ -79,6 +79,25 @@ def test_decode_argmax_layers_ties_go_to_the_lowest_key():
         assert torch.equal(got[layer], _split_k(q, k, 0))
 
 
+@pytest.mark.parametrize("nk", [131, 0])
+def test_decode_argmax_layers_skips_flagged_rows(nk):
+    # Flagged rows get -1 in every layer and head (their keys hold NaN: never read into an
+    # answer); the other rows are exactly what they are without flags.
+    torch.manual_seed(3)
+    qs, ks = _layers(2, 3, 4, 2, nk, 16, torch.bfloat16, strided=True)
+    skip = torch.tensor([False, True, False], device=DEVICE)
+    full = decode_argmax_layers(qs, ks, key_start=2)
+    for k in ks:
+        k[1] = float("nan")
+    got = decode_argmax_layers(qs, ks, key_start=2, skip_rows=skip)
+    assert (got[:, 1] == -1).all()
+    assert torch.equal(got[:, [0, 2]], full[:, [0, 2]])
+    none = torch.zeros(3, dtype=torch.bool, device=DEVICE)
+    assert torch.equal(decode_argmax_layers(qs, ks, 2, none)[:, [0, 2]], full[:, [0, 2]])
+    with pytest.raises(ValueError, match="skip_rows"):
+        decode_argmax_layers(qs, ks, skip_rows=skip.long())
+
+
 def test_decode_argmax_layers_refuses_mixed_layers():
     qs, ks = _layers(2, 1, 2, 1, 20, 16, torch.float32)
     with pytest.raises(ValueError, match="shapes"):

@@ -12,14 +12,15 @@ from headhunt.probes import capture
 from headhunt.probes.capture import greedy_decode
 
 
-def _per_layer(queries, keys, key_start=0):
+def _per_layer(queries, keys, key_start=0, skip_rows=None):
     """What decode_argmax_layers promises, from attention_stats one layer at a time."""
-    return torch.stack(
+    out = torch.stack(
         [
             attention_stats(q, k, key_stats=False).argmax[:, :, 0] + key_start
             for q, k in zip(queries, keys, strict=True)
         ]
     )
+    return out if skip_rows is None else out.masked_fill(skip_rows[None, :, None], -1)
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -36,9 +37,9 @@ def test_many_layer_decode_argmax_equals_per_layer_path(tiny, monkeypatch, padde
     launches = []
     real = td.decode_argmax_layers if tiny.device.type == "cuda" else _per_layer
 
-    def counted(queries, keys, key_start=0):
+    def counted(queries, keys, key_start=0, skip_rows=None):
         launches.append(len(queries))
-        return real(queries, keys, key_start)
+        return real(queries, keys, key_start, skip_rows)
 
     monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
     monkeypatch.setattr(td, "decode_argmax_layers", counted)
@@ -65,3 +66,28 @@ def test_decode_argmax_flushes_an_unread_step(tiny, monkeypatch):
             assert sorted(cap._pending) == list(range(tiny.n_layers))
     assert [s.shape for s in cap.step] == [(1, 4)] * tiny.n_layers
     assert not cap._pending
+
+
+@pytest.mark.parametrize("many_layer", [False, True])
+def test_skip_stopped_rows_drops_only_steps_past_a_rows_stop(tiny, monkeypatch, many_layer):
+    # Step t's argmax pairs with tokens[:, t]; a row whose token t is its stop token is
+    # still scored at t (lengths counts it), and only its later steps get -1.
+    if many_layer:
+        monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
+        if tiny.device.type != "cuda":
+            monkeypatch.setattr(td, "decode_argmax_layers", _per_layer)
+    torch.manual_seed(1)
+    ids = torch.randint(5, 60, (3, 20), device=tiny.device)
+    free = greedy_decode(tiny, ids, max_new_tokens=6, capture_argmax=True)
+    stop = {int(free.tokens[0, 1])}  # row 0 stops at step 1 at the latest
+    full = greedy_decode(tiny, ids, max_new_tokens=6, stop_ids=stop, capture_argmax=True)
+    got = greedy_decode(
+        tiny, ids, max_new_tokens=6, stop_ids=stop, capture_argmax=True, skip_stopped_rows=True
+    )
+    assert torch.equal(got.tokens, full.tokens) and torch.equal(got.lengths, full.lengths)
+    steps = got.argmax.shape[0]
+    assert int(got.lengths.min()) < steps, "no row stopped before the others"
+    valid = torch.arange(steps, device=got.lengths.device)[:, None] < got.lengths[None, :]
+    valid = valid[:, None, :, None].expand_as(got.argmax)
+    assert torch.equal(got.argmax[valid], full.argmax[valid])
+    assert (got.argmax[~valid] == -1).all()
