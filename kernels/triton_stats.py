@@ -12,6 +12,8 @@ Two passes, nothing quadratic written to memory:
    ``p = exp(s - lse)`` and summing it per key into registers; it writes ``col_sum``
    (``O(nk)`` per head) and ``col_mean``: the per-key count of visible queries is
    analytic (see :func:`headhunt.kernels.visible_query_count`), so nothing is counted.
+   Masks without per-row key intervals or softcaps take a faster specialised kernel,
+   :mod:`headhunt.kernels.triton_columns`; this one serves the rest.
 
 Scores are handled in log2 units (``s2 = s * log2 e``) so the kernels use ``exp2``;
 results are converted back to natural units before they are stored.
@@ -34,6 +36,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .masks import key_visible_counts, row_key_bounds
+from .triton_columns import fast_columns_apply, launch_columns
 from .types import AttentionStats
 
 __all__ = ["KernelConfig", "attention_stats_triton", "default_config"]
@@ -70,17 +73,20 @@ class KernelConfig:
             runs only for tiles where some row's running max improved.
         row_pipeline: Issue the next key tile's q.k product before the current tile's
             softmax work in pass 1 (lets the tensor cores overlap the exp2 work).
-        col_pipeline: The same for the query loop of pass 2.
+        col_pipeline: The same for the query loop of pass 2 (the general column kernel's;
+            set, it also serves the masks the specialised kernel would, see
+            :func:`~headhunt.kernels.triton_columns.fast_columns_apply`).
         row_exp: How pass 1 evaluates its exponentials (arguments <= 0, computed in fp32,
             results summed in fp32): 0 ``tl.math.exp2``; 1 rounded to fp16 and two per
             ``ex2.approx.f16x2`` (relative error ~1e-3 per term); 2 ``ex2.approx.ftz.f32``;
             3 half of them as in 2, half by a polynomial on the FMA units (relative error
             7.5e-5 per term). fp32 inputs use 2 instead of 1 or 3.
-        col_exp: The same for pass 2's ``p = exp2(s - lse)``.
+        col_exp: The same for pass 2's ``p = exp2(s - lse)`` (likewise the general kernel's).
         row_tma: Pass 1 loads q and k tiles by bulk tensor copies (TMA descriptors)
             where the inputs allow it (compiled, contiguous, power-of-two d, Hopper or
             later); else pointer loads.
-        col_tma: The same for pass 2.
+        col_tma: The same for pass 2 (the specialised column kernel also over the
+            [b, n, heads, d] memory of a model's projections).
         fp32_dot: ``tl.dot`` precision for fp32 inputs: "tf32x3" (tensor cores, ~1e-6
             relative error) or "ieee" (exact, FMA units).
     """
@@ -1212,9 +1218,18 @@ def _launch_row(
 
 
 def _launch_col(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> None:
-    """Pass 2: col_sum and col_mean from q, k and the lse of pass 1."""
+    """Pass 2: col_sum and col_mean from q, k and the lse of pass 1 (the plain causal /
+    full mask by :mod:`headhunt.kernels.triton_columns`, every other mask here)."""
     if L.nk == 0:
         return
+    if fast_columns_apply(L, L.cfg):
+        launch_columns(L, lse, col_sum, col_mean)
+    else:
+        _launch_col_general(L, lse, col_sum, col_mean)
+
+
+def _launch_col_general(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> None:
+    """Pass 2 by :func:`_col_stats_kernel` (any mask)."""
     cfg = L.cfg
     n_tiles = triton.cdiv(L.nk, cfg.col_block_n)
     grid = (n_tiles, L.b * L.hq)
