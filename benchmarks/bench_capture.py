@@ -105,10 +105,12 @@ def _mufu_ex2_per_s(device: torch.device) -> float:
 def layer_bench(model: HookedModel, n: int) -> dict:
     """One attention layer of the model's shape at ``n`` tokens, bf16, causal, with q, k, v
     laid out as the model hands them over ([b, n, heads, d] memory, viewed [b, heads, n, d])."""
+    import dataclasses
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from headhunt.kernels import attention_forward, attention_stats
-    from headhunt.kernels.triton_fused import fused_config
+    from headhunt.kernels.triton_fused import attention_forward_triton, fused_config
     from headhunt.kernels.triton_stats import _launch_col, _prepare, _with_bounds
 
     dev, dt = model.device, model.dtype
@@ -126,6 +128,12 @@ def layer_bench(model: HookedModel, n: int) -> dict:
     out = {"tokens": n}
     out["sdpa_ms"] = _bench_ms(run_sdpa)
     out["fused_rows_ms"] = _bench_ms(lambda: attention_forward(q, k, v, key_stats=False))
+    # The general Triton kernel on the same call (the default is the Gluon fast path on
+    # Hopper; the same kernel elsewhere).
+    general = dataclasses.replace(fused_config(d, dt), fast_path=False)
+    out["fused_rows_general_kernel_ms"] = _bench_ms(
+        lambda: attention_forward_triton(q, k, v, key_stats=False, config=general)
+    )
     out["fused_cols_ms"] = _bench_ms(lambda: attention_forward(q, k, v))
     out["two_pass_stats_ms"] = _bench_ms(lambda: attention_stats(q, k))
     fo, fst = attention_forward(q, k, v, key_stats=False)
@@ -157,9 +165,10 @@ def layer_bench(model: HookedModel, n: int) -> dict:
 
 
 def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
-    """Time the fused forward (row statistics only) for tile choices (block_m, block_n,
-    warps, stages, argmax mode, TMA) at one layer of ``n`` tokens laid out as the model's;
-    install the fastest as the default for the rest of the run."""
+    """Time the fused forward (row statistics only) for tile choices of the general kernel
+    (block_m, block_n, warps, stages, argmax mode, TMA) and the default (the Gluon fast path
+    where it applies) at one layer of ``n`` tokens laid out as the model's; install the
+    fastest as the default for the rest of the run."""
     import dataclasses
 
     from headhunt.kernels import triton_fused
@@ -171,12 +180,14 @@ def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
     v = torch.randn_like(k)
     base = fused_config(d, dt)
     times, configs = {}, {}
+    named = [("fast path (Gluon, Hopper)", base)] if base.fast_path else []
     for bm, bn, w, st, am, tma in candidates:
         cfg = dataclasses.replace(
             base, row_block_m=bm, row_block_n=bn, row_warps=w, row_stages=st, argmax_mode=am,
-            row_tma=tma,
+            row_tma=tma, fast_path=False,
         )  # fmt: skip
-        name = f"{bm}x{bn} warps {w} stages {st} argmax {am} tma {int(tma)}"
+        named.append((f"{bm}x{bn} warps {w} stages {st} argmax {am} tma {int(tma)}", cfg))
+    for name, cfg in named:
         try:
             ms = _bench_ms(
                 lambda cfg=cfg: attention_forward_triton(q, k, v, key_stats=False, config=cfg)
@@ -293,6 +304,9 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--layer", action="store_true", help="also time one attention layer alone")
     p.add_argument(
+        "--layer-only", action="store_true", help="only the one-layer timings (implies --layer)"
+    )
+    p.add_argument(
         "--sweep", type=int, default=0, help="first pick the fused tiles at this many tokens"
     )
     p.add_argument(
@@ -327,8 +341,10 @@ def main() -> None:
             f"d{model.head_dim}) at {n} tokens on {name}, {model.dtype}",
             flush=True,
         )
-        run = end_to_end(model, ids, args.repeats, two_pass=n <= args.two_pass_upto)
-        if args.layer and dev.type == "cuda":
+        run = {"tokens": n}
+        if not args.layer_only:
+            run = end_to_end(model, ids, args.repeats, two_pass=n <= args.two_pass_upto)
+        if (args.layer or args.layer_only) and dev.type == "cuda":
             run["layer"] = layer_bench(model, n)
         if args.spread and dev.type == "cuda":
             run["sdpa_backend_spread"] = backend_spread(model, ids)

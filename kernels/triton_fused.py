@@ -12,6 +12,10 @@ statistics cost one output-sized forward instead of a forward plus a statistics 
 Column sums need every row's final ``lse``; they take exactly one more pass over the
 keys: the column kernel of :mod:`headhunt.kernels.triton_stats`, fed this lse.
 
+On Hopper the plain causal / full masks in bf16 or fp16 take the Gluon kernel of
+:mod:`headhunt.kernels.gluon_fused` instead (``FusedConfig.fast_path``): the same statistics
+with the tensor cores kept busy during the softmax.
+
 The output comes back as ``[b, hq, nq, d]`` (SDPA's shape) over memory laid out as
 ``[b, nq, hq, d]``, so ``out.transpose(1, 2)`` is the contiguous tensor transformers'
 attention functions return, with no copy.
@@ -42,32 +46,55 @@ from .triton_stats import (
 )
 from .types import AttentionStats
 
-__all__ = ["attention_forward_triton", "fused_config"]
+__all__ = ["FusedConfig", "attention_forward_triton", "fused_config"]
 
 
-def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
-    """Tiles of the fused forward (``row_*`` fields, ``argmax_mode``) and of the column
-    pass (``col_*``, :func:`~headhunt.kernels.triton_stats.default_config`'s).
+@dataclasses.dataclass(frozen=True)
+class FusedConfig(KernelConfig):
+    """:class:`~headhunt.kernels.triton_stats.KernelConfig` plus the fused forward's own
+    launch choices (a plain KernelConfig runs with their defaults).
 
-    bf16/fp16 with d > 64: the fastest of ``benchmarks/bench_capture.py --sweep`` on an H100
-    (one 8B-shaped layer, 32k tokens, q/k/v laid out as the model gives them): 128 x 128
-    tiles, 8 warps, 2 stages, bulk tensor copies (TMA), and the argmax index searched only
-    in tiles where some row's maximum improved (18.1 ms, against 22.1 ms for 128 x 64
+    Attributes:
+        fast_path: Plain causal / full masks on Hopper run the Gluon kernel of
+            :mod:`headhunt.kernels.gluon_fused` with the ``gluon_*`` choices below.
+        gluon_warps: Its warps per program (``16 * gluon_warps`` query rows).
+        gluon_block_n: Its keys per tile.
+        gluon_stages: Its shared-memory slots for K and V tiles.
+    """
+
+    fast_path: bool = False
+    gluon_warps: int = 8
+    gluon_block_n: int = 128
+    gluon_stages: int = 2
+
+
+def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> FusedConfig:
+    """Tiles of the fused forward (``row_*`` fields, ``argmax_mode``, the ``gluon_*`` fast
+    path) and of the column pass (``col_*``, as
+    :func:`~headhunt.kernels.triton_stats.default_config` sets them).
+
+    bf16/fp16: the plain causal / full masks on Hopper take the Gluon kernel (``fast_path``;
+    BENCHMARKS.md "Fused statistics" has the variants measured). The general kernel, for
+    everything else, with d > 64: the fastest of ``benchmarks/bench_capture.py --sweep`` on
+    an H100 (one 8B-shaped layer, 32k tokens, q/k/v laid out as the model gives them): 128 x
+    128 tiles, 8 warps, 2 stages, bulk tensor copies (TMA), and the argmax index searched
+    only in tiles where some row's maximum improved (18.1 ms, against 22.1 ms for 128 x 64
     tiles by pointer loads with the search in every tile). Other shapes keep smaller tiles
     (not swept).
     """
     from .triton_stats import default_config
 
-    base = default_config(head_dim, dtype)
+    base = FusedConfig(**dataclasses.asdict(default_config(head_dim, dtype)))
     if _interpreting():
         return base
     if dtype == torch.float32:
         return dataclasses.replace(base, row_block_m=64, row_block_n=32)
+    fast = {"fast_path": True}
     if head_dim <= 64:
-        return dataclasses.replace(base, row_block_m=128, row_block_n=64, row_warps=4)
+        return dataclasses.replace(base, row_block_m=128, row_block_n=64, row_warps=4, **fast)
     return dataclasses.replace(
         base, row_block_m=128, row_block_n=128, row_warps=8, row_stages=2, argmax_mode=3,
-        row_tma=True,
+        row_tma=True, **fast,
     )  # fmt: skip
 
 
@@ -321,6 +348,24 @@ def _operands(L: _Launch, v: Tensor, use: bool) -> tuple[list, list[int], bool]:
     return descs, [i for x in views for i in x[1:]], True
 
 
+def _gluon_launch(L: _Launch, v: Tensor, out, lse, mx, arg, ent) -> bool:
+    """Run the Hopper fast path (:mod:`headhunt.kernels.gluon_fused`) when the launch allows
+    it (plain causal or full mask, bf16/fp16, d 64/128, TMA-addressable inputs); False
+    otherwise, and the general kernel runs."""
+    if _interpreting() or not L.q.is_cuda:
+        return False
+    try:  # Gluon's Hopper API (Triton 3.5+); older Tritons keep the general kernel
+        from .gluon_fused import gluon_forward, gluon_supported
+    except ImportError:
+        return False
+
+    views = [_tma_view(t) for t in (L.q, L.k, v)]
+    if not gluon_supported(L) or any(x is None or x[0].data_ptr() % 16 for x in views):
+        return False
+    gluon_forward(L, views, out, lse, mx, arg, ent)
+    return True
+
+
 def attention_forward_triton(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
@@ -365,7 +410,8 @@ def attention_forward_triton(
     ent = _alloc(shape, torch.float32, dev) if entropy else None
     out = _alloc((L.b, L.nq, L.hq, L.d), L.q.dtype, dev).transpose(1, 2)
     cfg = L.cfg
-    if L.nq:
+    fast = L.nq and getattr(cfg, "fast_path", False) and _gluon_launch(L, v, out, lse, mx, arg, ent)
+    if L.nq and not fast:
         (qd, kd, vd), layout, tma = _operands(L, v, cfg.row_tma)
         grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
         _fused_fwd_kernel[grid](

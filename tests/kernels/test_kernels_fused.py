@@ -195,3 +195,53 @@ def test_fused_supported_declines_decode_shapes():
     assert fused_supported(q2, k2, v2, options=call_kw)
     assert not fused_supported(q2, k2, v2, options={**call_kw, "alibi": torch.ones(8)})
     assert math.isfinite(attention_forward(q2, k2, v2)[1].lse.sum().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 8, 2, 1500, 1500, 128, True, "bnhd"),
+        (2, 8, 2, 1500, 1500, 64, True, "bhnd"),
+        (1, 4, 1, 700, 1200, 128, True, "bnhd"),  # nq < nk: q_offset 500
+        (1, 4, 2, 333, 777, 128, False, "bnhd"),  # bidirectional, keys' end inside a tile
+        (1, 4, 4, 64, 64, 64, True, "bhnd"),
+        (1, 2, 1, 1, 300, 128, True, "bhnd"),
+    ],
+    ids=str,
+)
+def test_fast_path_matches_general_kernel(shape, poison, monkeypatch):
+    """Hopper's Gluon kernel (kernels/gluon_fused.py) against the general Triton kernel on
+    the plain masks it serves: same statistics (up to float32 summation order), same
+    argmax, the output within one bf16 rounding; a launch that may not take it does not."""
+    import dataclasses
+
+    from headhunt.kernels import gluon_fused, triton_fused
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fast path is Hopper's (compute capability 9.x)")
+    calls = []
+    real = gluon_fused.gluon_forward
+    monkeypatch.setattr(gluon_fused, "gluon_forward", lambda *a: calls.append(1) or real(*a))
+    b, hq, hkv, nq, nk, d, causal, layout = shape
+    q, k, v = _inputs(b, hq, hkv, nq, nk, d, torch.bfloat16, "cuda", seed=1)
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    fast = triton_fused.fused_config(d, torch.bfloat16)
+    assert fast.fast_path
+    general = dataclasses.replace(fast, fast_path=False)
+    kw = dict(causal=causal, entropy=True, key_stats=False)
+    o1, s1 = triton_fused.attention_forward_triton(q, k, v, config=fast, **kw)
+    assert calls == [1]
+    o0, s0 = triton_fused.attention_forward_triton(q, k, v, config=general, **kw)
+    assert calls == [1]
+    assert (o1.float() - o0.float()).abs().max().item() <= 2e-2
+    for name in ("lse", "max_score", "entropy"):
+        got, want = getattr(s1, name), getattr(s0, name)
+        assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item()), name
+    assert torch.equal(s1.argmax, s0.argmax)
+    # Variants the fast path does not serve go to the general kernel.
+    triton_fused.attention_forward_triton(q, k, v, config=fast, window=50, **kw)
+    fp32 = dataclasses.replace(triton_fused.fused_config(d, torch.float32), fast_path=True)
+    triton_fused.attention_forward_triton(q.float(), k.float(), v.float(), config=fp32, **kw)
+    assert calls == [1]
