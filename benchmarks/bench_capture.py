@@ -202,7 +202,9 @@ def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
     return {"tokens": n, "ms": times, "chosen": best}
 
 
-def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bool) -> dict:
+def end_to_end(
+    model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bool, offload: bool = True
+) -> dict:
     """Plain forward vs the capture variants (module docstring) on ``ids``."""
     dev = model.device
     logits = {}
@@ -228,7 +230,7 @@ def end_to_end(model: HookedModel, ids: torch.Tensor, repeats: int, two_pass: bo
     run["plain"] = measure(plain, dev, repeats)
     run["fused_rows"] = measure(capture(False, True, "fused"), dev, repeats)
     run["fused_cols"] = measure(capture(True, True, "fused"), dev, repeats)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and offload:
         run["fused_cols_offload"] = measure(capture(True, True, "fused", True), dev, repeats)
     if two_pass:
         run["two_pass"] = measure(capture(True, False, "two_pass"), dev, repeats)
@@ -310,6 +312,9 @@ def main() -> None:
         "--sweep", type=int, default=0, help="first pick the fused tiles at this many tokens"
     )
     p.add_argument(
+        "--no-offload", action="store_true", help="skip the offloaded variant (saves time)"
+    )
+    p.add_argument(
         "--spread", action="store_true", help="also compare SDPA's backends with each other"
     )
     p.add_argument(
@@ -343,7 +348,13 @@ def main() -> None:
         )
         run = {"tokens": n}
         if not args.layer_only:
-            run = end_to_end(model, ids, args.repeats, two_pass=n <= args.two_pass_upto)
+            run = end_to_end(
+                model,
+                ids,
+                args.repeats,
+                two_pass=n <= args.two_pass_upto,
+                offload=not args.no_offload,
+            )
         if (args.layer or args.layer_only) and dev.type == "cuda":
             run["layer"] = layer_bench(model, n)
         if args.spread and dev.type == "cuda":
