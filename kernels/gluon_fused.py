@@ -238,7 +238,7 @@ def gluon_supported(L) -> bool:
 
 def gluon_forward(L, views, out: Tensor, lse: Tensor, mx: Tensor, arg: Tensor, ent) -> None:
     """Launch the Gluon kernel (tiles from ``L.cfg``, a FusedConfig) over the 2-D TMA views
-    ``views`` of q, k, v (see triton_fused._tma_view), writing the output and statistics."""
+    ``views`` of q, k, v (see tma.tma_view), writing the output and statistics."""
     cfg = L.cfg
     bm = 16 * cfg.gluon_warps
     bn = cfg.gluon_block_n

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .tma import tma_views
 
 if TYPE_CHECKING:
     from .triton_stats import KernelConfig, _Launch
@@ -94,7 +95,7 @@ def _col_fast_kernel(
     d_ok = offs_d < D
 
     # TMA: head h of batch row b starts at row b * rb + h * rh, column h * ch of its
-    # tensor's 2-D view (see _tma_view).
+    # tensor's 2-D view (see tma.tma_view).
     q_row0 = b * q_rb + h * q_rh
     if TMA:
         q_base = Q
@@ -142,19 +143,6 @@ def _col_fast_kernel(
     tl.store(COL_MEAN + out, mean, mask=offs_n < nk)
 
 
-def _tma_view(t: Tensor) -> tuple[Tensor, int, int, int] | None:
-    """A 2-D view of a [b, heads, n, d] tensor that bulk copies can address, and where head
-    ``h`` of batch row ``i`` starts in it: row ``i * rb + h * rh``, column ``h * ch``.
-    Contiguous tensors view as [b * heads * n, d]; [b, n, heads, d] memory (a model's
-    projections, viewed [b, heads, n, d]) as [b * n, heads * d]."""
-    b, h, n, d = t.shape
-    if t.is_contiguous():
-        return t.view(b * h * n, d), h * n, n, 0
-    if t.transpose(1, 2).is_contiguous():
-        return t.transpose(1, 2).reshape(b * n, h * d), n, 0, d
-    return None
-
-
 def fast_columns_apply(L: _Launch, cfg: KernelConfig) -> bool:
     """Whether :func:`launch_columns` serves this call: no per-row key bounds, no softcap,
     and the configuration asks for none of the general kernel's own options (its
@@ -167,14 +155,8 @@ def launch_columns(L: _Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -
     with the ``col_*`` tiles of ``L.cfg``."""
     cfg = L.cfg
     block_n, block_m = cfg.col_block_n, cfg.col_block_m
-    views = [_tma_view(t) for t in (L.q, L.k)]
-    tma = (
-        cfg.col_tma
-        and L.q.is_cuda
-        and L.d == max(16, triton.next_power_of_2(L.d))
-        and all(v is not None and v[0].data_ptr() % 16 == 0 for v in views)
-        and torch.cuda.get_device_capability(L.q.device)[0] >= 9
-    )
+    views = tma_views(L.q, L.k) if cfg.col_tma else None
+    tma = views is not None
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -31,6 +31,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
+from .tma import tma_views
 from .triton_stats import (
     KernelConfig,
     _alloc,
@@ -105,7 +106,7 @@ def _tile(
 ):  # fmt: skip
     """Rows ``start + offs`` of one head's [n, d] matrix: with ``TMA`` one bulk copy of the
     block at ``(row0 + start, col0)`` of the 2-D view the descriptor ``X`` covers (see
-    :func:`_tma_view`), else :func:`~headhunt.kernels.triton_stats._load_rows`' pointer load
+    :func:`~headhunt.kernels.tma.tma_view`), else :func:`~headhunt.kernels.triton_stats._load_rows`' pointer load
     from ``base`` (zeros past ``limit``)."""
     if TMA:
         t = X.load([row0 + start, col0])
@@ -210,7 +211,7 @@ def _fused_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
 
-    # TMA: where each head's rows start in its tensor's 2-D view (row, column); see _tma_view.
+    # TMA: where each head's rows start in its tensor's 2-D view (row, column); see tma.tma_view.
     q_row0 = b * q_rb + h * q_rh
     k_row0 = b * k_rb + kvh * k_rh
     v_row0 = b * v_rb + kvh * v_rh
@@ -311,31 +312,11 @@ def _fused_fwd_kernel(
     )  # fmt: skip
 
 
-def _tma_view(t: Tensor) -> tuple[Tensor, int, int, int] | None:
-    """A 2-D view of a [b, heads, n, d] tensor that bulk copies (TMA) can address, with
-    where head ``h`` of batch row ``i`` starts in it: row ``i * rb + h * rh``, column
-    ``h * ch``. Contiguous tensors view as [b * heads * n, d]; [b, n, heads, d] memory (what
-    a model's projections give, viewed [b, heads, n, d]) as [b * n, heads * d]."""
-    b, h, n, d = t.shape
-    if t.is_contiguous():
-        return t.view(b * h * n, d), h * n, n, 0
-    if t.transpose(1, 2).is_contiguous():
-        return t.transpose(1, 2).reshape(b * n, h * d), n, 0, d
-    return None
-
-
 def _operands(L: _Launch, v: Tensor, use: bool) -> tuple[list, list[int], bool]:
     """q, k, v as the kernel takes them (TMA descriptors when ``use`` and every tensor has a
-    view that allows them, else the tensors) and the 9 layout integers of :func:`_tma_view`."""
-    views = [_tma_view(t) for t in (L.q, L.k, v)]
-    ok = (
-        use
-        and not _interpreting()
-        and L.d == max(16, triton.next_power_of_2(L.d))
-        and all(x is not None and x[0].data_ptr() % 16 == 0 for x in views)
-        and torch.cuda.get_device_capability(L.q.device)[0] >= 9
-    )
-    if not ok:
+    view that allows them, else the tensors) and the 9 layout integers of :func:`~headhunt.kernels.tma.tma_view`."""
+    views = tma_views(L.q, L.k, v) if use and not _interpreting() else None
+    if views is None:
         return [L.q, L.k, v], [0] * 9, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -359,8 +340,8 @@ def _gluon_launch(L: _Launch, v: Tensor, out, lse, mx, arg, ent) -> bool:
     except ImportError:
         return False
 
-    views = [_tma_view(t) for t in (L.q, L.k, v)]
-    if not gluon_supported(L) or any(x is None or x[0].data_ptr() % 16 for x in views):
+    views = tma_views(L.q, L.k, v)
+    if not gluon_supported(L) or views is None:
         return False
     gluon_forward(L, views, out, lse, mx, arg, ent)
     return True
