@@ -221,10 +221,22 @@ def _gluon_fwd_kernel(
         gl.store(ENT + at, gl.log(l_i) - 0.6931471805599453 * t_i / l_i, mask=row_ok)
 
 
+# Gluon is experimental and its API moves between Triton releases: the kernel runs only on
+# the Triton versions its CUDA test passed on (others take the general kernel, which gives
+# the same statistics).
+TESTED_TRITON = frozenset({(3, 6)})
+
+
+def triton_tested() -> bool:
+    """Whether the installed Triton is one this kernel was tested on."""
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) in TESTED_TRITON
+
+
 def gluon_supported(L) -> bool:
     """Whether the launch ``L`` (see triton_stats._prepare) takes the Gluon fast path."""
     return (
         L.q.is_cuda
+        and triton_tested()
         and torch.cuda.get_device_capability(L.q.device)[0] == 9
         and L.q.dtype in (torch.bfloat16, torch.float16)
         and L.d in (64, 128)

@@ -220,6 +220,11 @@ def test_fast_path_matches_general_kernel(shape, poison, monkeypatch):
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fast path is Hopper's (compute capability 9.x)")
+    import triton
+
+    # Run it on whatever Triton is installed: a pass here is what admits a version.
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    monkeypatch.setattr(gluon_fused, "TESTED_TRITON", frozenset({version}))
     calls = []
     real = gluon_fused.gluon_forward
     monkeypatch.setattr(gluon_fused, "gluon_forward", lambda *a: calls.append(1) or real(*a))
@@ -245,3 +250,13 @@ def test_fast_path_matches_general_kernel(shape, poison, monkeypatch):
     fp32 = dataclasses.replace(triton_fused.fused_config(d, torch.float32), fast_path=True)
     triton_fused.attention_forward_triton(q.float(), k.float(), v.float(), config=fp32, **kw)
     assert calls == [1]
+
+
+def test_fast_path_only_on_tested_triton(monkeypatch):
+    """Gluon's API moves between Triton releases: other versions take the general kernel."""
+    gluon_fused = pytest.importorskip("headhunt.kernels.gluon_fused")
+    monkeypatch.setattr(gluon_fused, "TESTED_TRITON", frozenset({(3, 6)}))
+    monkeypatch.setattr(gluon_fused.triton, "__version__", "3.6.1")
+    assert gluon_fused.triton_tested()
+    monkeypatch.setattr(gluon_fused.triton, "__version__", "3.9.0")
+    assert not gluon_fused.triton_tested()
