@@ -106,8 +106,9 @@ def _tile(
 ):  # fmt: skip
     """Rows ``start + offs`` of one head's [n, d] matrix: with ``TMA`` one bulk copy of the
     block at ``(row0 + start, col0)`` of the 2-D view the descriptor ``X`` covers (see
-    :func:`~headhunt.kernels.tma.tma_view`), else :func:`~headhunt.kernels.triton_stats._load_rows`' pointer load
-    from ``base`` (zeros past ``limit``)."""
+    :func:`~headhunt.kernels.tma.tma_view`), else
+    :func:`~headhunt.kernels.triton_stats._load_rows`' pointer load from ``base`` (zeros
+    past ``limit``)."""
     if TMA:
         t = X.load([row0 + start, col0])
         if UPCAST:
@@ -314,7 +315,8 @@ def _fused_fwd_kernel(
 
 def _operands(L: _Launch, v: Tensor, use: bool) -> tuple[list, list[int], bool]:
     """q, k, v as the kernel takes them (TMA descriptors when ``use`` and every tensor has a
-    view that allows them, else the tensors) and the 9 layout integers of :func:`~headhunt.kernels.tma.tma_view`."""
+    view that allows them, else the tensors) and the 9 layout integers of
+    :func:`~headhunt.kernels.tma.tma_view`."""
     views = tma_views(L.q, L.k, v) if use and not _interpreting() else None
     if views is None:
         return [L.q, L.k, v], [0] * 9, False
