@@ -19,26 +19,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 
 import torch
 import triton
+from bench_capture import _mufu_ex2_per_s  # benchmarks/ is on the path when run as a script
 
 
 def _ms(fn, rep: int) -> float:
     warmup = 3 * rep // 10 + 1
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def _mufu_ex2_per_s(device: torch.device) -> float:
-    """Peak ``ex2`` rate: 16 per SM per clock on Hopper at the card's maximum SM clock."""
-    props = torch.cuda.get_device_properties(device)
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
-         str(device.index or 0)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return props.multi_processor_count * 16 * float(out.split()[0]) * 1e6
 
 
 def layer(n: int, hq: int, hkv: int, d: int, tiles: list[str], mm_flops: float) -> dict:
