@@ -7,6 +7,8 @@ the column pass (:mod:`headhunt.kernels.triton_columns`).
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch import Tensor
 
@@ -42,3 +44,13 @@ def tma_views(*tensors: Tensor) -> list[tuple[Tensor, int, int, int]] | None:
     if any(v is None or v[0].data_ptr() % 16 for v in views):
         return None
     return views
+
+
+@cache
+def _descriptors_available() -> bool:
+    """Whether this Triton has ``triton.tools.tensor_descriptor`` (older ones do not)."""
+    try:
+        import triton.tools.tensor_descriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True

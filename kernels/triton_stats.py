@@ -36,6 +36,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .masks import key_visible_counts, row_key_bounds
+from .tma import tma_views
 from .triton_columns import fast_columns_apply, launch_columns
 from .types import AttentionStats
 
@@ -1013,16 +1014,13 @@ def _prepare(
     # (triton 3.9 interpreter.create_dot); exact fp32 products of the same bf16 values
     # are what the tensor cores compute, so upcast the tiles there.
     upcast = _interpreting() and q.dtype == torch.bfloat16
-    # Bulk tensor copies (TMA, Hopper and later) need contiguous [b, heads, n, d] tensors
-    # (flattened to [b * heads * n, d]), 16-byte aligned, and d a power of two.
+    # These kernels' bulk tensor copies (TMA) take contiguous [b, heads, n, d] tensors
+    # flattened to [b * heads * n, d] (tma_view's view of them), when TMA can take them.
     tma = (
         not _interpreting()
         and q.is_contiguous()
         and k.is_contiguous()
-        and d == max(16, triton.next_power_of_2(d))
-        and q.data_ptr() % 16 == 0
-        and k.data_ptr() % 16 == 0
-        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        and tma_views(q, k) is not None
     )
     return _Launch(
         q=q,
