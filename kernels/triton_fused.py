@@ -61,12 +61,18 @@ class FusedConfig(KernelConfig):
         gluon_warps: Its warps per program (``16 * gluon_warps`` query rows).
         gluon_block_n: Its keys per tile.
         gluon_stages: Its shared-memory slots for K and V tiles.
+        gluon_ws: Its warp-specialised variant (two consumer warpgroups of 64 rows and a
+            TMA loader warpgroup; ``gluon_warps`` unused), with ``gluon_regs`` registers per
+            thread for the second consumer and the loader (the first gets what is left of
+            the 64K: Triton's warp-group allocation).
     """
 
     fast_path: bool = False
     gluon_warps: int = 8
     gluon_block_n: int = 128
     gluon_stages: int = 2
+    gluon_ws: bool = False
+    gluon_regs: tuple[int, int] = (240, 32)
 
 
 def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> FusedConfig:
@@ -75,7 +81,10 @@ def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> FusedCon
     :func:`~headhunt.kernels.triton_stats.default_config` sets them).
 
     bf16/fp16: the plain causal / full masks on Hopper take the Gluon kernel (``fast_path``;
-    BENCHMARKS.md "Fused statistics" has the variants measured). The general kernel, for
+    BENCHMARKS.md "Fused statistics" has the variants measured), for d = 128 its
+    warp-specialised variant (one 8B-shaped layer on an H100: 61.3 ms at 64k tokens and
+    253.9 ms at 128k, against 70.8 / 292.2 ms for the pipelined one and SDPA's 57.5 / 252-259
+    ms; d = 64 keeps the pipelined one, whose speed as warp-specialised was not measured). The general kernel, for
     everything else, with d > 64: the fastest of ``benchmarks/bench_capture.py --sweep`` on
     an H100 (one 8B-shaped layer, 32k tokens, q/k/v laid out as the model gives them): 128 x
     128 tiles, 8 warps, 2 stages, bulk tensor copies (TMA), and the argmax index searched
@@ -95,7 +104,7 @@ def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> FusedCon
         return dataclasses.replace(base, row_block_m=128, row_block_n=64, row_warps=4, **fast)
     return dataclasses.replace(
         base, row_block_m=128, row_block_n=128, row_warps=8, row_stages=2, argmax_mode=3,
-        row_tma=True, **fast,
+        row_tma=True, gluon_ws=True, **fast,
     )  # fmt: skip
 
 

@@ -210,7 +210,8 @@ def test_fused_supported_declines_decode_shapes():
     ],
     ids=str,
 )
-def test_fast_path_matches_general_kernel(shape, poison, monkeypatch):
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialised"])
+def test_fast_path_matches_general_kernel(shape, ws, poison, monkeypatch):
     """Hopper's Gluon kernel (kernels/gluon_fused.py) against the general Triton kernel on
     the plain masks it serves: same statistics (up to float32 summation order), same
     argmax, the output within one bf16 rounding; a launch that may not take it does not."""
@@ -232,7 +233,7 @@ def test_fast_path_matches_general_kernel(shape, poison, monkeypatch):
     q, k, v = _inputs(b, hq, hkv, nq, nk, d, torch.bfloat16, "cuda", seed=1)
     if layout == "bnhd":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    fast = triton_fused.fused_config(d, torch.bfloat16)
+    fast = dataclasses.replace(triton_fused.fused_config(d, torch.bfloat16), gluon_ws=ws)
     assert fast.fast_path
     general = dataclasses.replace(fast, fast_path=False)
     kw = dict(causal=causal, entropy=True, key_stats=False)
