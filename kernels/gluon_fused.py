@@ -73,6 +73,35 @@ def _softmax_update(
 
 
 @gluon.jit
+def _store_results(
+    acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT, stat0, r0, nq,
+    qk_scale, o_layout: gl.constexpr, row_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+    D: gl.constexpr, ENTROPY: gl.constexpr,
+):  # fmt: skip
+    """Rows ``r0 .. r0 + BLOCK_M`` of one head: the output ``acc / l`` (every row saw a key, so
+    l > 0) at ``OUT + o_off`` and the row statistics at ``stat0 + row`` (log2 units back to
+    natural ones)."""
+    inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))
+    out = (acc * gl.expand_dims(inv, 1)).to(OUT.dtype.element_ty)
+    offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = (
+        OUT + o_off + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 1)
+        + gl.expand_dims(offs_d, 0)
+    )  # fmt: skip
+    gl.store(o_ptrs, out, mask=gl.expand_dims(offs_m < nq, 1))
+    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    row_ok = rows < nq
+    at = stat0 + rows
+    m2 = m_i * qk_scale
+    gl.store(LSE + at, (m2 + gl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+    gl.store(MAX + at, m2 * 0.6931471805599453, mask=row_ok)
+    gl.store(ARG + at, a_i.to(gl.int64), mask=row_ok)
+    if ENTROPY:
+        gl.store(ENT + at, gl.log(l_i) - 0.6931471805599453 * t_i / l_i, mask=row_ok)
+
+
+@gluon.jit
 def _refill(desc, row0, col, bars, smem, t, STAGES: gl.constexpr, n_tiles, BLOCK_N: gl.constexpr,
             nbytes: gl.constexpr):  # fmt: skip
     """Tile t's slot is consumed (every warp has waited for its product; the caller's
@@ -207,26 +236,9 @@ def _gluon_fwd_kernel(
         mbarrier.invalidate(k_bar.index(i))
         mbarrier.invalidate(v_bar.index(i))
 
-    # Every row saw a key (l > 0): out = acc / l.
-    inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))
-    out = (acc * gl.expand_dims(inv, 1)).to(q_desc.dtype)
-    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = (
-        OUT + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-        + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
-    )  # fmt: skip
-    gl.store(o_ptrs, out, mask=gl.expand_dims(offs_m < nq, 1))
-
-    rows = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    row_ok = rows < nq
-    at = pid_bh * nq + rows
-    m2 = m_i * qk_scale
-    gl.store(LSE + at, (m2 + gl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
-    gl.store(MAX + at, m2 * 0.6931471805599453, mask=row_ok)
-    gl.store(ARG + at, a_i.to(gl.int64), mask=row_ok)
-    if ENTROPY:
-        gl.store(ENT + at, gl.log(l_i) - 0.6931471805599453 * t_i / l_i, mask=row_ok)
+    o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    _store_results(acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT,
+                   pid_bh * nq, m0, nq, qk_scale, o_layout, row_layout, BLOCK_M, D, ENTROPY)  # fmt: skip
 
 
 # Gluon is experimental and its API moves between Triton releases: the kernel runs only on
@@ -327,24 +339,8 @@ def _ws_compute(
     o_tok = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(o_tok,))
 
-    inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))
-    out = (acc * gl.expand_dims(inv, 1)).to(dtype)
-    offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = (
-        OUT + o_off + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 1)
-        + gl.expand_dims(offs_d, 0)
-    )  # fmt: skip
-    gl.store(o_ptrs, out, mask=gl.expand_dims(offs_m < nq, 1))
-    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    row_ok = rows < nq
-    at = stat0 + rows
-    m2 = m_i * qk_scale
-    gl.store(LSE + at, (m2 + gl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
-    gl.store(MAX + at, m2 * 0.6931471805599453, mask=row_ok)
-    gl.store(ARG + at, a_i.to(gl.int64), mask=row_ok)
-    if ENTROPY:
-        gl.store(ENT + at, gl.log(l_i) - 0.6931471805599453 * t_i / l_i, mask=row_ok)
+    _store_results(acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT, stat0,
+                   r0, nq, qk_scale, o_layout, row_layout, BLOCK_M, D, ENTROPY)  # fmt: skip
 
 
 @gluon.jit
