@@ -19,8 +19,8 @@ consumers are not bound to each other's pace, so one's softmax overlaps the othe
 Triton's CTA barriers around every barrier wait kept both warpgroups in lockstep.
 
 Each program of the pipelined kernel owns ``BLOCK_M = 16 * num_warps`` query rows of one
-query head (one warpgroup per 64 rows). Rows see at least one key (the dispatcher checks ``q_offset >= 0`` under the
-causal mask), so masked scores can be set to -1e30 and need no second mask on their
+query head (one warpgroup per 64 rows). Rows see at least one key (the dispatcher checks
+``q_offset >= 0`` under the causal mask), so masked scores can be set to -1e30 and need no second mask on their
 exponentials.
 """
 
