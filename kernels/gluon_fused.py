@@ -20,8 +20,8 @@ Triton's CTA barriers around every barrier wait kept both warpgroups in lockstep
 
 Each program of the pipelined kernel owns ``BLOCK_M = 16 * num_warps`` query rows of one
 query head (one warpgroup per 64 rows). Rows see at least one key (the dispatcher checks
-``q_offset >= 0`` under the causal mask), so masked scores can be set to -1e30 and need no second mask on their
-exponentials.
+``q_offset >= 0`` under the causal mask), so masked scores can be set to -1e30 and need no
+second mask on their exponentials.
 """
 
 from __future__ import annotations
@@ -237,8 +237,10 @@ def _gluon_fwd_kernel(
         mbarrier.invalidate(v_bar.index(i))
 
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    _store_results(acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT,
-                   pid_bh * nq, m0, nq, qk_scale, o_layout, row_layout, BLOCK_M, D, ENTROPY)  # fmt: skip
+    _store_results(
+        acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT, pid_bh * nq, m0, nq,
+        qk_scale, o_layout, row_layout, BLOCK_M, D, ENTROPY,
+    )  # fmt: skip
 
 
 # Gluon is experimental and its API moves between Triton releases: the kernel runs only on

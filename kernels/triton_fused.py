@@ -82,14 +82,14 @@ def fused_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> FusedCon
 
     bf16/fp16: the plain causal / full masks on Hopper take the Gluon kernel (``fast_path``;
     BENCHMARKS.md "Fused statistics" has the variants measured), for d = 128 its
-    warp-specialised variant (one 8B-shaped layer on an H100: 61.3 ms at 64k tokens and
-    253.9 ms at 128k, against 70.8 / 292.2 ms for the pipelined one and SDPA's 57.5 / 252-259
-    ms; d = 64 keeps the pipelined one, whose speed as warp-specialised was not measured).
-    The general kernel, for everything else, with d > 64: the fastest of ``benchmarks/bench_capture.py --sweep`` on
-    an H100 (one 8B-shaped layer, 32k tokens, q/k/v laid out as the model gives them): 128 x
-    128 tiles, 8 warps, 2 stages, bulk tensor copies (TMA), and the argmax index searched
-    only in tiles where some row's maximum improved (18.1 ms, against 22.1 ms for 128 x 64
-    tiles by pointer loads with the search in every tile). Other shapes keep smaller tiles
+    warp-specialised variant (one 8B-shaped layer on an H100: 61.3 ms at 64k tokens and 253.9 ms
+    at 128k, against 70.8 / 292.2 ms for the pipelined one and SDPA's 57.5 / 252-259 ms; d = 64
+    keeps the pipelined one, whose speed as warp-specialised was not measured). The general
+    kernel, for everything else, with d > 64: the fastest of ``benchmarks/bench_capture.py
+    --sweep`` on an H100 (one 8B-shaped layer, 32k tokens, q/k/v laid out as the model gives
+    them): 128 x 128 tiles, 8 warps, 2 stages, bulk tensor copies (TMA), and the argmax index
+    searched only in tiles where some row's maximum improved (18.1 ms, against 22.1 ms for 128 x
+    64 tiles by pointer loads with the search in every tile). Other shapes keep smaller tiles
     (not swept).
     """
     from .triton_stats import default_config
