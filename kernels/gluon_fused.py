@@ -73,6 +73,22 @@ def _softmax_update(
 
 
 @gluon.jit
+def _initial_state(
+    row_layout: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+):  # fmt: skip
+    """A row block's state before its first key tile: running max (in raw score units), sum
+    of exponentials, entropy term, argmax; a zero score tile and output accumulator."""
+    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    t_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    a_i = gl.full([BLOCK_M], -1, gl.int32, layout=row_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+    return m_i, l_i, t_i, a_i, s_zero, acc
+
+
+@gluon.jit
 def _store_results(
     acc, m_i, l_i, a_i, t_i, OUT, o_off, stride_om, LSE, MAX, ARG, ENT, stat0, r0, nq,
     qk_scale, o_layout: gl.constexpr, row_layout: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -181,12 +197,9 @@ def _gluon_fwd_kernel(
         )
 
     pos = q_offset + m0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_layout)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    t_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    a_i = gl.full([BLOCK_M], -1, gl.int32, layout=row_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+    m_i, l_i, t_i, a_i, s_zero, acc = _initial_state(
+        row_layout, s_layout, o_layout, BLOCK_M, BLOCK_N, D
+    )
 
     # Tile 0.
     mbarrier.wait(q_bar, 0)
@@ -299,12 +312,9 @@ def _ws_compute(
     dtype: gl.constexpr = q_smem.dtype
 
     pos = q_offset + r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_layout)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    t_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    a_i = gl.full([BLOCK_M], -1, gl.int32, layout=row_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+    m_i, l_i, t_i, a_i, s_zero, acc = _initial_state(
+        row_layout, s_layout, o_layout, BLOCK_M, BLOCK_N, D
+    )
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
