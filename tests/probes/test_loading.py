@@ -64,6 +64,50 @@ def test_embedded_model(smol):
     assert d["max_context"] == 8192
 
 
+@pytest.mark.slow
+def test_second_real_model_is_a_sliding_window_family(gemma):
+    d = gemma.describe()
+    assert (d["n_layers"], d["n_heads"], d["n_kv_heads"], d["head_dim"]) == (18, 4, 1, 256)
+    types = gemma.model.config.layer_types
+    assert [i for i, t in enumerate(types) if t == "full_attention"] == [5, 11, 17]
+    assert gemma.model.config.sliding_window == 512
+
+
+def _chunk_package(root, name: str, chunks: list[bytes], sha: str):
+    """A package shaped like the chunked-GGUF wheels: chunk_paths(), MODEL_NAME, EXPECTED_SHA256."""
+    pkg = root / name
+    pkg.mkdir()
+    paths = []
+    for i, data in enumerate(chunks):
+        (pkg / f"part{i}").write_bytes(data)
+        paths.append(str(pkg / f"part{i}"))
+    (pkg / "__init__.py").write_text(
+        "from pathlib import Path\n"
+        f"MODEL_NAME = '{name}.gguf'\nEXPECTED_SHA256 = '{sha}'\n"
+        f"def chunk_paths():\n    return [Path(p) for p in {paths!r}]\n"
+    )
+
+
+def test_chunked_gguf_is_joined_once_and_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    from headhunt.probes.loading import ChunkedGGUF
+
+    monkeypatch.setenv("HEADHUNT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    good = hashlib.sha256(b"GGUFabcdef").hexdigest()
+    _chunk_package(tmp_path, "chunky_ok", [b"GGUF", b"abc", b"def"], good)
+    path = ChunkedGGUF("chunky_ok", "install it").path()
+    assert path.read_bytes() == b"GGUFabcdef"
+    assert [p.name for p in path.parent.iterdir()] == ["chunky_ok.gguf"]  # no temporary left
+    _chunk_package(tmp_path, "chunky_bad", [b"GGUF", b"xyz"], good)
+    with pytest.raises(HeadhuntError, match="do not join"):
+        ChunkedGGUF("chunky_bad", "install it").path()
+    assert not (path.parent / "chunky_bad.gguf").exists()
+    with pytest.raises(HeadhuntError, match="not installed; install it"):
+        ChunkedGGUF("no_such_chunky_package", "install it").path()
+
+
 def test_bf16_load_keeps_the_rotary_frequencies_in_float32(tiny_folder):
     import torch
 
