@@ -2,7 +2,8 @@
 pretrained model's words. Plain data: no model is run here (the recall-head analyzer is
 :mod:`headhunt.heads.mqar`).
 
-Generator (:func:`generate_mqar`), faithful to Zoology's ``multiquery_ar`` (shared/ANCHORS.md):
+Generator (:func:`generate_mqar`), faithful to Zoology's ``multiquery_ar`` (HazyResearch/zoology,
+``zoology/data/multiquery_ar.py``; Arora et al. 2023, arXiv 2312.04927):
 keys come from ``[1, V/2)``, values from ``[V/2, V)``, 0 is filler. Each example draws N
 distinct keys and N distinct values and lays them out as ``k1 v1 ... kN vN``; the query region
 (``L - 2N`` tokens) holds every key once, key i at offset ``2 * gap_i`` with the gaps drawn

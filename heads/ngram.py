@@ -1,6 +1,6 @@
 """N-gram heads and the induction family: previous-token, duplicate-token, induction and k-gram.
 
-Definitions (shared/ANCHORS.md):
+Definitions (TransformerLens ``head_detector``; Akyürek et al. 2024, arXiv 2401.12973):
 
 - **Previous-token, duplicate-token, induction** follow TransformerLens' ``head_detector``:
   detection patterns D (previous: ``D[t, t-1]``; duplicate: ``D[t, j] = 1`` for ``j < t`` with

@@ -12,8 +12,7 @@ Definitions (per text, per layer and query head):
   ``max(min_queries, min_query_share * N)`` queries (defaults 32 and 0.1). The second
   condition is ours: with the ``N - j`` normalisation the last keys, seen by a handful of
   queries, pass ``tau`` in most heads just because a row's recent tokens take a share of its
-  attention; on the embedded model that made every text's last words look like sinks
-  (shared/ANCHORS.md). With 32 queries alone, content words in the last ~50 positions of a
+  attention; on the embedded model that made every text's last words look like sinks. With 32 queries alone, content words in the last ~50 positions of a
   1k-token text (the current topic, e.g. " ovens") still passed in a few heads; the 10%
   share removes them. The price: keys in the last 10% of a text (at least 31 positions)
   are never judged.

@@ -96,7 +96,7 @@ class PlantPreviousToken(AttentionHook):
 
 def test_min_queries_rule_stops_the_last_keys_from_passing(tiny, ids):
     # A previous-token head gives key j a mean received attention of ~1 / (n - j): the last
-    # keys pass tau = 0.1 without being sinks (the ANCHORS.md pitfall).
+    # keys pass tau = 0.1 without being sinks (the pitfall of the 1 / (N - j) normalisation).
     n = len(ids)
     with tiny.hooks(PlantPreviousToken(1, 1)):
         loose_cfg = SinkConfig(min_queries=1, min_query_share=0.0)
