@@ -11,6 +11,12 @@
   from the DuoAttention repository by model name; the folder's README says how to hand it a local
   one); its ``head_compression_ratio`` r turns the ``round(r * layers * kv_heads)`` lowest
   entries into streaming heads.
+- ``lukv``: LU-KV's budget curve for kvpress's ``LUKVPress``: ``budget_curve.npy``, shape
+  ``[99, layers, kv_heads]``, row ``t`` the per-head prune ratios for the global ratio
+  ``(t + 1) / 100`` (:func:`headhunt.kvbudget.lukv_curve`).
+- ``adakv``: per-KV-head weights (``head_weights.npy``, ``[layers, kv_heads]``, mean 1 per layer)
+  that :class:`headhunt.kvpress_press.HeadWeightedPress` multiplies a token scorer's scores by
+  inside kvpress's ``AdaKVPress`` (:func:`headhunt.kvbudget.head_weights`).
 - ``headkv``: HeadKV (FYYFU/HeadKV, ``headkv/snapkv_utils.py``) reads a one-line JSON
   ``{"layer-head": [score, ...]}`` over every query head, layer-major, and takes each list's
   mean; a head's KV budget is ``round(share * (base // beta) * layers * heads + base - base //
@@ -35,11 +41,22 @@ from jaxtyping import Float
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.kvcache import kv_scores, rank_kv_heads
+from headhunt.kvbudget import (
+    DEFAULT_FLOOR,
+    duo_accounting,
+    fold_kv,
+    head_weights,
+    lukv_curve,
+    ranking_stability,
+)
 
-FORMATS = ("duo", "headkv", "kvpress")
+FORMATS = ("duo", "headkv", "kvpress", "lukv", "adakv")
 DUO_HEADS = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
 HEADKV_FILE = "retrieval_heads.json"
+LUKV_FILE = "budget_curve.npy"
+ADAKV_FILE = "head_weights.npy"
+BUDGET_FILE = "budget.json"
 
 
 @dataclass(frozen=True)
@@ -49,11 +66,14 @@ class ModelShape:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    head_dim: int | None = None  # for KV bytes; None: entries only
 
     @classmethod
     def of(cls, facts: dict[str, Any]) -> ModelShape:
         """From a HookedModel's ``describe()`` (or a run manifest's ``model``)."""
-        return cls(int(facts["n_layers"]), int(facts["n_heads"]), int(facts["n_kv_heads"]))
+        d = facts.get("head_dim")
+        n = (int(facts["n_layers"]), int(facts["n_heads"]), int(facts["n_kv_heads"]))
+        return cls(*n, None if d is None else int(d))
 
 
 def check_scores(matrix: np.ndarray, shape: ModelShape, what: str = "the scores") -> None:
@@ -161,9 +181,13 @@ def write_kvpress(
     full_fraction: float | None = None,
     provenance: dict[str, Any] | None = None,
     seed: int = 0,
+    context: int = 4096,
+    dtype_bytes: int = 2,
 ) -> list[Path]:
-    """The DuoAttention layout with continuous values (kvpress picks the count by its ratio)
-    and a README on loading it; ``full_fraction`` only sets the suggested ratio."""
+    """The DuoAttention layout with continuous values (kvpress picks the count by its ratio),
+    a README on loading it, and ``budget.json``: per target ratio, the ratio kvpress reports and
+    the KV bytes kept at ``context`` tokens, both as kvpress's evaluation runs the press and with
+    the head ratio that removes the target share of bytes (kvpress#228)."""
     paths = write_duo(
         folder, matrix, shape, sink=sink, recent=recent, provenance=provenance, seed=seed
     )
@@ -178,7 +202,106 @@ def write_kvpress(
             recent=recent,
         )
     )
-    return [*paths, readme]
+    if context < 1:
+        raise HeadhuntError(f"--context {context} must be a positive token count")
+    per_entry = None if shape.head_dim is None else 2 * shape.head_dim * dtype_bytes
+    rows = duo_accounting(
+        fold_kv(matrix, shape.n_kv_heads),
+        sink=sink,
+        recent=recent,
+        context=context,
+        bytes_per_entry=per_entry,
+    )
+    budget = folder / BUDGET_FILE
+    _write_json(
+        budget,
+        {
+            "context_tokens": context,
+            "sink_size": sink,
+            "recent_size": recent,
+            "bytes_per_entry": per_entry,
+            "note": "kvpress masks evicted keys (attention_patch) and keeps them in memory: these "
+            "are the bytes a cache that drops them would hold. Layers with a sliding window "
+            "hold fewer entries than the context; measure those (benchmarks/kvpress).",
+            "ratios": rows,
+            "headhunt": provenance or {},
+        },
+    )
+    return [*paths, readme, budget]
+
+
+LUKV_README = """# Loading this budget curve into kvpress's LUKVPress
+
+{file}: float64 array [99, {layers} layers, {kv} KV heads]; row t holds each KV head's prune
+ratio for the global compression ratio (t + 1) / 100 (LUKVPress picks row
+round(100 * compression_ratio) - 1). Every row's mean is its global ratio. kvpress downloads its
+curves by (model name, scorer press); hand it this one before the press is used (kvpress only
+downloads when `_budget_curves` is None):
+
+    import numpy as np
+    from kvpress import ExpectedAttentionPress, LUKVPress
+
+    press = LUKVPress(ExpectedAttentionPress(epsilon=2e-2), compression_ratio=0.5)
+    press._budget_curves = np.load("{folder}/{file}")
+
+Allocation: per head, kept share min(1, a * ({floor} + s)) with s the head's min-max scaled
+score and a set so the mean kept share is 1 - ratio: the best heads keep their whole cache first.
+"""
+
+ADAKV_README = """# Head weights for kvpress's AdaKVPress
+
+{file}: float64 array [{layers} layers, {kv} KV heads], {floor} + the min-max scaled score,
+divided by its layer's mean. kvpress has no file reader for AdaKV head weights; headhunt's
+HeadWeightedPress (in headhunt.kvpress_press, importable where kvpress is installed) multiplies a
+token scorer's (non-negative) scores by them, and AdaKVPress then evicts the lowest products
+across each layer's heads:
+
+    import numpy as np
+    from kvpress import AdaKVPress, ExpectedAttentionPress
+    from headhunt.kvpress_press import HeadWeightedPress
+
+    weights = np.load("{folder}/{file}")
+    press = AdaKVPress(HeadWeightedPress(ExpectedAttentionPress(), weights=weights))
+    press.compression_ratio = 0.5
+"""
+
+
+def write_curve_format(
+    fmt: str,
+    folder: Path,
+    matrix: np.ndarray,
+    shape: ModelShape,
+    *,
+    provenance: dict[str, Any] | None = None,
+    floor: float = DEFAULT_FLOOR,
+) -> list[Path]:
+    """``lukv`` (LU-KV budget curve) or ``adakv`` (head weights): the array, a README on
+    loading it into kvpress, and ``budget.json`` (what the values mean, provenance)."""
+    check_scores(matrix, shape)
+    if floor <= 0:
+        raise HeadhuntError(f"--floor {floor} must be positive (a zero-score head keeps nothing)")
+    kv = fold_kv(matrix, shape.n_kv_heads)
+    array, name, readme = (
+        (lukv_curve(kv, floor), LUKV_FILE, LUKV_README)
+        if fmt == "lukv"
+        else (head_weights(kv, floor), ADAKV_FILE, ADAKV_README)
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    np.save(path, array, allow_pickle=False)
+    text = readme.format(
+        file=name, folder=folder, layers=shape.n_layers, kv=shape.n_kv_heads, floor=floor
+    )
+    (folder / "README.md").write_text(text)
+    info = {"format": fmt, "shape": list(array.shape), "floor": floor, "headhunt": provenance}
+    if fmt == "lukv":
+        info["mean_prune_ratio_per_row"] = [round(float(r.mean()), 6) for r in array]
+    _write_json(folder / BUDGET_FILE, info)
+    return [path, folder / "README.md", folder / BUDGET_FILE]
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def write_headkv(
@@ -244,13 +367,18 @@ def export(
     full_fraction: float | None = None,
     provenance: dict[str, Any] | None = None,
     seed: int = 0,
+    context: int = 4096,
+    floor: float = DEFAULT_FLOOR,
 ) -> list[Path]:
     """Write ``matrix`` ([layers, query heads] scores) in ``fmt``; returns the files written."""
     folder = Path(folder)
-    if fmt in ("duo", "kvpress"):
-        write = write_duo if fmt == "duo" else write_kvpress
-        kw = {"sink": sink, "recent": recent, "full_fraction": full_fraction, "seed": seed}
-        return write(folder, matrix, shape, provenance=provenance, **kw)
+    kw = {"sink": sink, "recent": recent, "full_fraction": full_fraction, "seed": seed}
+    if fmt == "duo":
+        return write_duo(folder, matrix, shape, provenance=provenance, **kw)
+    if fmt == "kvpress":
+        return write_kvpress(folder, matrix, shape, provenance=provenance, context=context, **kw)
+    if fmt in ("lukv", "adakv"):
+        return write_curve_format(fmt, folder, matrix, shape, provenance=provenance, floor=floor)
     if fmt == "headkv":
         return write_headkv(folder, matrix, shape, provenance=provenance)
     raise HeadhuntError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
@@ -369,3 +497,49 @@ def read_scores(path: str | Path, metric: str) -> tuple[np.ndarray, dict[str, An
         raise HeadhuntError(f"{path} has no metric {metric!r} (it has {scores.metrics})") from None
     except ValueError as e:
         raise HeadhuntError(f"{path}: {e}") from None
+
+
+def per_trial_scores(path: str | Path, metric: str) -> np.ndarray | None:
+    """[trials, layers, heads] per-trial values of ``metric`` where the run keeps them (a
+    retrieval run's ``retrieval_heads.json``: one score per counted trial and query head), else
+    None."""
+    from headhunt.rundir import load_run
+
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return None
+    run = load_run(path)
+    ref = run.path / HEADKV_FILE
+    if run.method != "retrieval" or metric != "retrieval_score" or not ref.is_file():
+        return None
+    data = json.loads(ref.read_text())
+    keys = [tuple(map(int, k.split("-"))) for k in data]
+    layers, heads = max(k[0] for k in keys) + 1, max(k[1] for k in keys) + 1
+    trials = len(next(iter(data.values())))
+    out = np.zeros((trials, layers, heads))
+    for (layer, head), values in zip(keys, data.values(), strict=True):
+        out[:, layer, head] = values
+    return out
+
+
+def stability_report(
+    path: str | Path, metric: str, n_kv_heads: int, full_fractions: list[float], seed: int = 0
+) -> dict[str, Any]:
+    """What the ranking of ``metric`` in run ``path`` rests on: per budget (share of full KV
+    heads), the trials and the top-k overlap of two halves of them
+    (:func:`headhunt.kvbudget.ranking_stability`); ``warnings`` lists the budgets too small for
+    the trials. Runs without per-trial scores say so."""
+    per_trial = per_trial_scores(path, metric)
+    if per_trial is None:
+        return {
+            "trials": None,
+            "note": f"no per-trial {metric} in {path} to measure the ranking's stability (a "
+            "retrieval run's retrieval_score has them)",
+            "warnings": [],
+        }
+    budgets = [ranking_stability(per_trial, n_kv_heads, f, seed=seed) for f in full_fractions]
+    return {
+        "trials": int(per_trial.shape[0]),
+        "budgets": budgets,
+        "warnings": [b["warning"] for b in budgets if "warning" in b],
+    }

@@ -138,3 +138,91 @@ def _retrieval_run(folder):
     run = RunDir.open(folder, "retrieval")
     run.finalize(model={}, parameters={}, timings={})
     return folder
+
+
+def test_lukv_curve_rows_prune_their_ratio_best_heads_last(tmp_path):
+    from headhunt.kvbudget import fold_kv
+
+    files = export("lukv", tmp_path / "l", M, SHAPE)
+    curve = np.load(files[0], allow_pickle=False)  # as kvpress's load_budget_curve reads it
+    assert curve.shape == (99, 3, 2) and curve.dtype == np.float64
+    assert np.allclose(curve.reshape(99, -1).mean(1), np.arange(1, 100) / 100, atol=1e-9)
+    assert (curve >= 0).all() and (curve <= 1).all() and (np.diff(curve, axis=0) >= -1e-12).all()
+    kv = fold_kv(M, 2).ravel()  # 0.9 best, 0.0 worst: the best is pruned least at every ratio
+    rows = curve.reshape(99, -1)
+    assert (rows[:, kv.argmax()] <= rows[:, kv.argmin()]).all()
+    assert rows[49, kv.argmax()] == 0.0 and rows[49, kv.argmin()] > 0.5  # ratio 0.5
+    # LUKVPress's own arithmetic for layer 0 at ratio 0.5 and 1,000 tokens: the keep counts
+    keep = np.floor((1 - curve[49, 0]) * 1000)
+    assert keep[0] == 1000 and keep[1] < 500
+    with pytest.raises(HeadhuntError, match="3 layers x 4 heads; the model's config has 3 x 8"):
+        export("lukv", tmp_path / "x", M, ModelShape(3, 8, 2))
+
+
+def test_adakv_weights_mean_one_per_layer_in_score_order(tmp_path):
+    files = export("adakv", tmp_path / "a", M, SHAPE, floor=0.1)
+    w = np.load(files[0], allow_pickle=False)
+    assert w.shape == (3, 2) and np.allclose(w.mean(1), 1)
+    assert w[0, 0] > w[0, 1] and w[2, 1] > w[2, 0]  # KV maxima 0.9 > 0.1, 0.6 > 0.0
+    assert w[2, 1] / w[2, 0] == pytest.approx((0.1 + 0.6 / 0.9) / 0.1)
+    with pytest.raises(HeadhuntError, match="floor"):
+        export("adakv", tmp_path / "b", M, SHAPE, floor=0)
+
+
+def test_kvpress_budget_counts_bytes_not_heads(tmp_path):
+    shape = ModelShape(3, 4, 2, head_dim=64)
+    export("kvpress", tmp_path / "k", M, shape, sink=4, recent=28, context=1024)
+    budget = json.loads((tmp_path / "k" / "budget.json").read_text())
+    rows = {(r["target"], r["run"].startswith("kvpress")): r for r in budget["ratios"]}
+    as_evaluated = rows[(0.5, True)]  # head ratio 0.5: 3 of 6 KV heads stream
+    assert as_evaluated["streaming_kv_heads"] == 3
+    removed = 3 * (1024 - 32) / (6 * 1024)  # each streaming head keeps 32 of 1024 entries
+    assert as_evaluated["kvpress_reported_ratio"] == pytest.approx(removed)
+    assert as_evaluated["entries_removed_share"] == pytest.approx(removed) and removed < 0.5
+    full = 6 * 1024 * 2 * 64 * 2
+    assert as_evaluated["kv_bytes_full"] == full
+    assert as_evaluated["kv_bytes_kept"] == (3 * 1024 + 3 * 32) * 2 * 64 * 2
+    assert rows[(0.5, False)]["head_compression_ratio"] == pytest.approx(0.5 / (1 - 32 / 1024))
+    # at 128 tokens streaming heads keep a quarter: 0.875 of the bytes is unreachable, said so
+    export("kvpress", tmp_path / "c", M, shape, sink=4, recent=28, context=128)
+    budget = json.loads((tmp_path / "c" / "budget.json").read_text())
+    rows = {(r["target"], r["run"].startswith("kvpress")): r for r in budget["ratios"]}
+    assert not rows[(0.875, False)]["reachable"] and rows[(0.5, False)]["reachable"]
+    # a context shorter than sink + recent: kvpress reports a negative ratio, nothing is removed
+    export("kvpress", tmp_path / "s", M, shape, sink=4, recent=28, context=16, full_fraction=0.5)
+    short = json.loads((tmp_path / "s" / "budget.json").read_text())["ratios"][0]
+    assert short["kvpress_reported_ratio"] < 0 and short["entries_removed_share"] == 0
+
+
+def test_ranking_stability_planted():
+    from headhunt.kvbudget import ranking_stability
+
+    rng = np.random.default_rng(0)
+    # 3 layers x 4 heads, 2 KV heads: KV heads (0, 0) and (2, 1) copy in every trial
+    signal = np.zeros((3, 4))
+    signal[0, 1] = signal[2, 2] = 1.0
+    steady = signal + 0.01 * rng.random((40, 3, 4))
+    report = ranking_stability(steady, 2, full_fraction=2 / 6)
+    assert report["trials"] == 40 and report["top_k"] == 2 and report["overlap"] == 1.0
+    assert "warning" not in report
+    noise = rng.random((6, 3, 4))  # no head copies more than another: halves disagree
+    report = ranking_stability(noise, 2, full_fraction=2 / 6)
+    assert report["overlap"] < 0.9 and "6 trials" in report["warning"]
+    assert "warning" in ranking_stability(steady[:1], 2, 0.5)
+
+
+def test_stability_report_reads_a_retrieval_runs_trials(tmp_path):
+    from headhunt.export import stability_report
+    from headhunt.rundir import RunDir
+
+    run = RunDir.open(tmp_path / "r", "retrieval")
+    per = {
+        f"{layer}-{head}": [float(M[layer, head])] * 10 for layer in range(3) for head in range(4)
+    }
+    run.path("retrieval_heads.json").write_text(json.dumps(per))
+    run.finalize(model={}, parameters={}, timings={})
+    report = stability_report(tmp_path / "r", "retrieval_score", 2, [0.5])
+    assert report["trials"] == 10 and report["budgets"][0]["overlap"] == 1.0
+    assert report["warnings"] == []
+    bare = stability_report(tmp_path / "r", "needle_attention", 2, [0.5])
+    assert bare["trials"] is None and "no per-trial" in bare["note"]

@@ -1,4 +1,5 @@
-"""`headhunt export`: head scores as DuoAttention, kvpress or HeadKV files."""
+"""`headhunt export`: head scores as DuoAttention, kvpress (DuoAttention, LU-KV, AdaKV) or
+HeadKV files."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ DESCRIPTION = """Write one metric of a run as the files a KV-cache tool reads.
            separated, in [0, 1]) and config.json (sink_size, recent_size). Deploy with
            sparsity s: the KV heads below the s-quantile keep only sink + recent tokens.
   kvpress  the same two files for kvpress's DuoAttentionPress, and a README on loading them
-           (head_compression_ratio r streams the round(r * layers * KV heads) lowest).
+           (head_compression_ratio r streams the round(r * layers * KV heads) lowest), and
+           budget.json: per ratio 0.25/0.5/0.75/0.875 the ratio kvpress reports and the KV
+           bytes kept at --context tokens (kvpress's ratio counts heads, not bytes).
+  lukv     budget_curve.npy [99, layers, KV heads] for kvpress's LUKVPress (row t: per-head
+           prune ratios for the global ratio (t + 1) / 100).
+  adakv    head_weights.npy [layers, KV heads] for AdaKVPress through headhunt's
+           HeadWeightedPress.
   headkv   HeadKV's one-line {"layer-head": [score]} JSON over all query heads, and budget.json
            with the per-head KV budgets HeadKV would allot (base 128, beta 1.2).
 
 A KV head gets the max of its query heads' scores. The layer and head counts are checked
-against the model (--model) or, without it, the run's manifest."""
+against the model (--model) or, without it, the run's manifest. The files record how many
+trials the ranking rests on and how stable it is (top-k overlap of two halves of the trials, at
+the budgets the format serves); a warning is printed when it is too unstable for them."""
 
 
 def add_parser(sub) -> None:
@@ -26,7 +35,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--scores", required=True, help="a run directory (or a scores .parquet file)")
     p.add_argument("--metric", default="retrieval_score", help="the metric to export")
-    p.add_argument("--format", required=True, choices=["duo", "kvpress", "headkv"])
+    p.add_argument("--format", required=True, choices=["duo", "kvpress", "headkv", "lukv", "adakv"])
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument(
         "--model",
@@ -54,16 +63,33 @@ def add_parser(sub) -> None:
         help="duo: write a binary pattern (1 = full cache) for this share of KV heads; "
         "kvpress: the suggested head_compression_ratio is 1 minus it",
     )
+    p.add_argument(
+        "--context", type=int, default=4096, help="kvpress: context tokens for budget.json's bytes"
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=0.1,
+        help="lukv/adakv: a zero-score head's weight (kept share grows with floor + score)",
+    )
     p.add_argument("--seed", type=int, default=0, help="breaks ties between equal scores")
     p.add_argument("--force", action="store_true", help="write into an existing folder")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     from pathlib import Path
 
     from headhunt.errors import HeadhuntError
-    from headhunt.export import ModelShape, export, read_scores, streaming_window
+    from headhunt.export import (
+        ModelShape,
+        export,
+        read_scores,
+        stability_report,
+        streaming_window,
+    )
+    from headhunt.kvbudget import TARGETS
 
     matrix, facts = read_scores(args.scores, args.metric)
     if args.model is not None:
@@ -76,16 +102,24 @@ def run(args: argparse.Namespace) -> int:
     sink, recent, window_from = streaming_window(args.sink, args.recent, args.sinks)
     provenance = {"scores": str(Path(args.scores).resolve()), "metric": args.metric}
     provenance["window"] = window_from
+    shape = ModelShape.of(facts)
+    shares = [args.full_fraction] if args.full_fraction is not None else [1 - c for c in TARGETS]
+    ranking = stability_report(args.scores, args.metric, shape.n_kv_heads, shares, args.seed)
+    provenance["ranking"] = ranking
+    for warning in ranking["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     files = export(
         args.format,
         out,
         matrix,
-        ModelShape.of(facts),
+        shape,
         sink=sink,
         recent=recent,
         full_fraction=args.full_fraction,
         provenance=provenance,
         seed=args.seed,
+        context=args.context,
+        floor=args.floor,
     )
     for f in files:
         print(f)
@@ -107,6 +141,7 @@ def model_facts(spec: str) -> dict:
             "n_layers": c["num_hidden_layers"],
             "n_heads": heads,
             "n_kv_heads": c.get("num_key_value_heads") or heads,
+            "head_dim": c.get("head_dim") or c.get("hidden_size", 0) // heads or None,
         }
     from headhunt.probes.hooked import load_model
 

@@ -119,6 +119,10 @@ def test_export_checks_counts(tiny_folder, scores_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "32 x 32" in err[0]
     assert main([*argv, "--model", str(tiny_folder)]) == 0
+    lukv = ["export", "--scores", str(scores_run), "--format", "lukv", "--out", str(tmp_path / "l")]
+    assert main([*lukv, "--model", str(tiny_folder)]) == 0
+    assert np.load(tmp_path / "l" / "budget_curve.npy").shape == (99, 2, 2)
+    assert main([*lukv, "--model", str(cfg), "--force"]) == 2
 
 
 def test_bad_input_is_one_line(tiny_folder, scores_run, tmp_path, capsys):
