@@ -226,3 +226,17 @@ def test_stability_report_reads_a_retrieval_runs_trials(tmp_path):
     assert report["warnings"] == []
     bare = stability_report(tmp_path / "r", "needle_attention", 2, [0.5])
     assert bare["trials"] is None and "no per-trial" in bare["note"]
+
+
+def test_kv_eval_ranking_report_warns_for_a_noisy_ranking(tmp_path):
+    from headhunt.heads.kv_eval import ranking_report
+    from headhunt.rundir import RunDir
+
+    rng = np.random.default_rng(1)
+    run = RunDir.open(tmp_path / "r", "retrieval")
+    per = {f"{la}-{h}": rng.random(8).tolist() for la in range(3) for h in range(4)}
+    run.path("retrieval_heads.json").write_text(json.dumps(per))
+    run.finalize(model={}, parameters={}, timings={})
+    report = ranking_report(str(tmp_path / "r"), "retrieval_score", 2, [0, 0.5, 1, 1 / 3])
+    assert [b["full_fraction"] for b in report["budgets"]] == [0.5, 1 / 3]
+    assert report["trials"] == 8 and report["warnings"]

@@ -137,6 +137,12 @@ scores.parquet."""
             },
         }
         if scores is not None:
+            ranking = kv.ranking_report(
+                config.scores, config.metric, shape.n_kv_heads, sweep.fractions
+            )
+            ctx.extra["summary"]["ranking"] = ranking
+            for warning in ranking["warnings"]:
+                ctx.say(f"warning: {warning}")
             per_kv = kv.kv_scores(scores, model.n_kv_heads)
         elif duo is not None:
             per_kv = duo

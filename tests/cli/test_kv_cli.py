@@ -80,6 +80,8 @@ def test_kv_eval_writes_summary_and_figure(tiny_folder, scores_run, tmp_path):
     kv = needle.set_index("fraction")["kv_fraction"]
     assert kv[0.0] < kv[0.5] < kv[1.0] == 1.0
     assert (out / "kv_eval.html").stat().st_size > 10_000
+    ranking = json.loads((out / "manifest.json").read_text())["summary"]["ranking"]
+    assert ranking["trials"] is None and "no per-trial" in ranking["note"]  # no trials kept
     assert main([*argv, "--resume"]) == 0
 
 
