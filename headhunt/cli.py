@@ -29,6 +29,7 @@ COMMANDS = [
     "probe",
     "prune",
     "kv-eval",
+    "taskheads",
     "export",
     "app",
 ]

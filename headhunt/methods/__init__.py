@@ -24,6 +24,7 @@ METHODS: dict[str, str] = {
     "kv-eval": "headhunt.methods.kv_eval:KVEval",
     "circuits": "headhunt.methods.circuits:Circuits",
     "probe": "headhunt.methods.probe:Probe",
+    "taskheads": "headhunt.methods.taskheads:TaskHeads",
 }
 
 

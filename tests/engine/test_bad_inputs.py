@@ -124,6 +124,13 @@ ROWS = [
     (["probe", "--target", "ngram", "--data", "x.jsonl"], "--data is only for --target jsonl"),
     (["probe", "--target", "ngram", "--texts", "0"], "--texts must be at least 1"),
     (["probe", "--target", "ngram", "--shard-size", "0"], "sizes must be at least 1"),
+    # taskheads: the user's JSONL (read before the model loads) and the causal check's grid
+    (["taskheads", "--input", "/nonexistent/task.jsonl"], "cannot read"),
+    (["taskheads", "--input", "TASK_BAD_ROW"], "task_bad_row.jsonl line 2: not JSON"),
+    (["taskheads", "--input", "TASK_NO_ANSWER"], "task_no_answer.jsonl line 1: missing answer"),
+    (["taskheads", "--score-examples", "24"], "must leave examples to evaluate"),
+    (["taskheads", "--modes", "half"], "unknown --modes"),
+    (["taskheads", "--ks", "0"], "--ks must be at least 1"),
     # resuming a run whose files are corrupt
     (["sinks", "--out", "CORRUPT_RUN", "--resume"], "manifest.json is unreadable or corrupt"),
     (["sinks", "--out", "CORRUPT_PARTIAL", "--resume"], "parameters.json is unreadable"),
@@ -165,6 +172,11 @@ def _layout(tmp_path):
     for name, labels in (("NAN_LABELS", ["0.5", "NaN"]), ("INF_LABELS", ["-Infinity", "1.5"])):
         runs[name] = tmp_path / f"{name.lower()}.jsonl"
         runs[name].write_text("".join(line % y for y in labels))
+    good = {"context": ["the code is blue"], "question": "what is the code?", "answer": "blue"}
+    for name, lines in (("TASK_BAD_ROW", [json.dumps(good), "{oops"]),
+                        ("TASK_NO_ANSWER", [json.dumps({**good, "answer": ""})])):  # fmt: skip
+        runs[name] = tmp_path / f"{name.lower()}.jsonl"
+        runs[name].write_text("\n".join(lines) + "\n")
     return runs
 
 

@@ -1,0 +1,352 @@
+"""Heads for your task as a method: three detectors per head from one teacher-forced pass per
+example (copy, query focus, write), the causal check (top-k mean / zero ablation against random
+heads, with a closed-book specificity control) and a document retriever from the heads."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from headhunt.methods.base import (
+    Method,
+    MethodConfig,
+    MetricInfo,
+    option,
+    print_table,
+    read_jsonl,
+    require,
+    spread_frame,
+)
+
+EXAMPLES = "examples.jsonl"
+CONDITIONS = "conditions.jsonl"
+DETECTOR_METRICS = {"copy": "copy_score", "query": "query_focus", "write": "write_score"}
+
+
+@dataclass
+class TaskHeadsConfig(MethodConfig):
+    """A taskheads run: the examples, how they split, and the causal check's grid."""
+
+    task: str = option("multidoc", "bundled task", choices=("multidoc", "kv", "needle"))
+    input: str | None = option(None, "a JSONL of your examples (replaces --task)", type=str)
+    examples: int = option(24, "bundled examples", min=2)
+    score_examples: int = option(
+        12, "the first examples score heads and give the mean-ablation reference", min=1
+    )
+    docs: int = option(6, "documents per bundled example (key-value pairs for kv)", min=1)
+    doc_words: int = option(60, "words per bundled document (needle: x --docs)", min=10)
+    ks: list[int] = option([1, 2, 4, 8, 16, 32, 64], "top-k heads ablated", min=1)
+    modes: list[str] = option(["mean", "zero"], "ablations", choices=("mean", "zero"))
+    detectors: list[str] = option(
+        ["copy", "query", "write"], "detectors checked", choices=("copy", "query", "write")
+    )
+    random_draws: int = option(3, "random head sets per k", min=0)
+    retriever_heads: int = option(16, "top query-focus heads of the retriever", min=1)
+    specificity: bool = option(
+        True, "skip the closed-book specificity control", flag="--no-specificity"
+    )
+    seed: int = option(0, "random seed", cli=False)
+
+    def check(self) -> None:
+        n = len(self.load()) if self.input else self.examples
+        require(
+            self.score_examples < n,
+            f"--score-examples ({self.score_examples}) must leave examples to evaluate ({n})",
+        )
+        require(len(set(self.ks)) == len(self.ks), "--ks repeats a value")
+
+    def load(self):
+        from headhunt.heads import task_inputs as T
+
+        if self.input:
+            return T.read_examples(self.input)
+        return T.bundled(self.task, self.examples, self.docs, self.doc_words, self.seed)
+
+
+class TaskHeads(Method):
+    name = "taskheads"
+    Config = TaskHeadsConfig
+    metric = "write_score"
+    help = "heads for your task: copy, query focus and write, ablated"
+    description = """Which heads a model uses for your task, shown causally.
+
+Examples come from --input (JSONL rows: context as a text or a list of documents, question,
+answer, optional evidence document indices and answer lead) or a bundled task: multidoc
+(facts planted in one of --docs essay paragraphs, distractor facts in the others), kv (key-value
+retrieval, Lost in the Middle) or needle. One teacher-forced pass per example (the gold answer
+fed; whether greedy decoding would have answered is recorded) and one null-question pass
+give three scores per head: copy_score (Wu et al.'s rule under teacher forcing), query_focus
+(QRHead's null-calibrated question-to-evidence attention mass; query_recall1 / query_ndcg10:
+its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
+token's logit minus the off-evidence write, final norm linearised, correct examples only).
+The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
+heads are mean- and zero-ablated against --random-draws random k-head sets, with closed-book
+prompts the model answers without context as the specificity control, and documents are
+ranked by the top heads' calibrated mass against BM25 and all heads. Writes scores.parquet,
+examples.jsonl, conditions.jsonl, ablation.csv, detectors.json, retrieval.json and
+taskheads.html."""
+    units = "examples and ablation conditions"
+    top = 10
+    glossary = {
+        "copy_score": MetricInfo(
+            "share of answer steps whose argmax key is on the evidence and holds the gold token "
+            "(Wu et al.'s copy rule, teacher forced)",
+            "share of steps",
+        ),
+        "query_focus": MetricInfo(
+            "attention mass from the question to the evidence documents minus the same from a "
+            "null question (QRHead)",
+            "probability mass",
+        ),
+        "query_recall1": MetricInfo(
+            "share of examples where the head's calibrated mass ranks an evidence document first",
+            "share of examples",
+            "no example has two documents or more",
+        ),
+        "query_ndcg10": MetricInfo(
+            "NDCG@10 of the head's document ranking by calibrated mass",
+            "NDCG",
+            "no example has two documents or more",
+        ),
+        "write_score": MetricInfo(
+            "the head's write toward the gold token's logit from evidence keys minus from the "
+            "other context keys (LOCOS; final norm's scale frozen), correct examples only",
+            "logit",
+            "the model answered no scoring example correctly",
+        ),
+    }
+
+    def run(self, model, config: TaskHeadsConfig, ctx):
+        from headhunt.heads.task_inputs import Encoder
+
+        examples = config.load()
+        encoder = Encoder(model.tokenizer, model.max_context)
+        encoded = [encoder.encode(ex) for ex in examples]
+        ids = [e.id for e in encoded]
+        require(len(set(ids)) == len(ids), "two examples share an id")
+        t1 = time.perf_counter()
+        _score_examples(model, config, ctx, encoded)
+        ctx.wait("examples_s", since=t1)
+        plan = Plan(model, config, ctx.records(EXAMPLES), encoded)
+        t2 = time.perf_counter()
+        plan.run_conditions(ctx)
+        ctx.wait("conditions_s", since=t2)
+        records = ctx.collect(EXAMPLES, ids, key=lambda r: r["id"])
+        if records is None:
+            return None
+        conditions = ctx.collect(CONDITIONS, list(plan.conditions), key=lambda r: r["name"])
+        return plan.finish(ctx, conditions)
+
+    def show(self, run, top: int) -> None:
+        import pandas as pd
+
+        det = run.json("detectors.json")
+        scores = run.scores()
+        for metric in DETECTOR_METRICS.values():
+            t = scores.top(metric, top)[["layer", "head", "value"]]
+            print_table(t.rename(columns={"value": metric}), f"top {top} heads: {metric}")
+        print(f"top-16 overlaps: {det['overlaps']}")
+        print(
+            f"accuracy {det['baseline']['accuracy']:.3f} on {det['baseline']['examples']} examples"
+        )
+        path = run.path / "ablation.csv"
+        if path.is_file():
+            cols = ["detector", "mode", "k", "accuracy", "se", "random", "random_se"]
+            cols += ["closed_book", "random_closed_book"]
+            print_table(pd.read_csv(path)[cols], "ablation: task accuracy at each k")
+        ret = run.json("retrieval.json")
+        if ret:
+            rows = [{"retriever": k, **v} for k, v in ret.items()]
+            print_table(pd.DataFrame(rows), "document retrieval (evaluation examples)")
+
+    def spread(self, run, layer: int, head: int):
+        rows = []
+        for r in read_jsonl(run.path / EXAMPLES):
+            from headhunt.heads.taskheads import ExampleResult
+
+            res = ExampleResult.from_record(r)
+            scoring = r.get("split") == "score"
+            for metric, m in (("copy_score", res.copy), ("query_focus", res.query_focus),
+                              ("write_score", res.write)):  # fmt: skip
+                counted = scoring and (metric != "write_score" or res.correct)
+                rows.append({"unit": r["id"], "metric": metric, "value": float(m[layer, head]),
+                             "counted": counted})  # fmt: skip
+        return spread_frame(rows)
+
+
+def _score_examples(model, config: TaskHeadsConfig, ctx, encoded) -> None:
+    from tqdm import tqdm
+
+    from headhunt.heads.taskheads import OutputSum, score_example
+
+    done = ctx.done(EXAMPLES, key=lambda r: r["id"])
+    if done:
+        ctx.say(f"resuming: {len(done)} of {len(encoded)} examples already scored")
+    todo = ctx.todo(list(range(len(encoded))), done, key=lambda i: encoded[i].id)
+    for i in tqdm(todo, desc="examples", disable=not ctx.show_progress):
+        scoring = i < config.score_examples
+        sums = OutputSum()
+        res = score_example(model, encoded[i], extra_hooks=[sums] if scoring else [])
+        rec = {"index": i, "split": "score" if scoring else "eval", **res.to_record()}
+        if scoring:
+            rec["out_sum"] = [sums.total[la].tolist() for la in range(model.n_layers)]
+            rec["out_count"] = sums.count
+        ctx.append(EXAMPLES, rec)
+
+
+class Plan:
+    """What the causal check and the retriever need, from every example's record (each rank
+    builds the same plan): head rankings, ablation means, the conditions to run."""
+
+    def __init__(self, model, config: TaskHeadsConfig, records, encoded):
+        import numpy as np
+        import torch
+
+        from headhunt.heads.causal import random_head_sets
+        from headhunt.heads.taskheads import ExampleResult, head_matrices, top_heads
+
+        self.model, self.config, self.encoded = model, config, {e.id: e for e in encoded}
+        order = {e.id: i for i, e in enumerate(encoded)}
+        records = sorted(records, key=lambda r: order[r["id"]])
+        self.results = [ExampleResult.from_record(r) for r in records]
+        score = [r for r, rec in zip(self.results, records, strict=True) if rec["split"] == "score"]
+        self.eval = [
+            r for r, rec in zip(self.results, records, strict=True) if rec["split"] == "eval"
+        ]
+        self.matrices = head_matrices(score)
+        scoring = [r for r in records if r["split"] == "score"]
+        count = sum(r["out_count"] for r in scoring)
+        total = np.sum([np.asarray(r["out_sum"]) for r in scoring], 0) / count
+        self.means = {la: torch.tensor(total[la], dtype=torch.float32) for la in range(len(total))}
+        n_total = model.n_layers * model.n_heads
+        self.ks = [k for k in config.ks if k <= n_total]
+        self.top = {d: top_heads(self.matrices[DETECTOR_METRICS[d]], max(self.ks, default=1))
+                    for d in DETECTOR_METRICS}  # fmt: skip
+        self.conditions: dict[str, dict[str, Any]] = {"none": {"heads": [], "mode": "zero"}}
+        for mode in config.modes:
+            for k in self.ks:
+                for d in config.detectors:
+                    self.conditions[f"{d}/{mode}/{k}"] = {"heads": self.top[d][:k], "mode": mode}
+                sets = random_head_sets(model.n_layers, model.n_heads, k, config.random_draws,
+                                        seed=config.seed * 7919 + k)  # fmt: skip
+                for i, s in enumerate(sets):
+                    self.conditions[f"random/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
+
+    def run_conditions(self, ctx) -> None:
+        from tqdm import tqdm
+
+        from headhunt.heads.task_ablation import ablation, answers_right
+        from headhunt.heads.task_inputs import closed_book_ids
+
+        evals = [(self.encoded[r.id].ids, self.encoded[r.id].answer_start) for r in self.eval]
+        closed = []
+        if self.config.specificity:
+            book = [(p + a, len(p)) for p, a in closed_book_ids(self.model.tokenizer)]
+            closed = [b for b, ok in zip(book, answers_right(self.model, book), strict=True) if ok]
+        done = ctx.done(CONDITIONS, key=lambda r: r["name"])
+        for name in tqdm(ctx.todo(list(self.conditions), done), desc="ablations",
+                         disable=not ctx.show_progress):  # fmt: skip
+            c = self.conditions[name]
+            hooks = ablation(c["heads"], c["mode"], self.means)
+            ctx.append(CONDITIONS, {
+                "name": name, "mode": c["mode"], "heads": c["heads"],
+                "correct": answers_right(self.model, evals, hooks),
+                "closed_book": answers_right(self.model, closed, hooks),
+            })  # fmt: skip
+
+    def finish(self, ctx, conditions):
+        from headhunt.heads.scores import HeadScores
+        from headhunt.heads.taskheads import retrieval_table, top_heads
+        from headhunt.plots import write_html
+
+        by = {c["name"]: c for c in conditions}
+        table = ablation_table(by, self.config, self.ks)
+        table.to_csv(ctx.path("ablation.csv"), index=False)
+        k16 = {d: {tuple(h) for h in self.top[d][:16]} for d in DETECTOR_METRICS}
+        names = list(k16)
+        overlaps = {f"{a}-{b}": len(k16[a] & k16[b]) for i, a in enumerate(names)
+                    for b in names[i + 1 :]}  # fmt: skip
+        base = by["none"]
+        detectors = {
+            "top": {d: self.top[d][:16] for d in DETECTOR_METRICS},
+            "overlaps": overlaps,
+            "baseline": {
+                "accuracy": _acc(base["correct"]),
+                "examples": len(base["correct"]),
+                "closed_book_kept": len(base["closed_book"]),
+            },  # fmt: skip
+            "scoring_examples_correct": sum(
+                r.correct for r in self.results[: self.config.score_examples]
+            ),
+        }
+        ctx.write_json("detectors.json", detectors)
+        heads = top_heads(self.matrices["query_focus"], self.config.retriever_heads)
+        texts = {e.id: (e.texts, e.question_text) for e in self.encoded.values()}
+        try:
+            import bm25s  # noqa: F401
+        except ImportError:
+            texts = None
+        retrieval = retrieval_table(self.eval, heads, texts)
+        ctx.write_json("retrieval.json", retrieval)
+        write_html(collapse_figure(table, self.model.name), ctx.path("taskheads.html"))
+        ctx.extra["summary"] = {"baseline": detectors["baseline"], "overlaps": overlaps}
+        n_kv = self.model.n_kv_heads
+        return HeadScores.concat(HeadScores.from_matrix(m, v, n_kv_heads=n_kv)
+                                 for m, v in self.matrices.items())  # fmt: skip
+
+
+def _acc(values) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def ablation_table(by: dict, config: TaskHeadsConfig, ks: list[int]):
+    """One row per (detector, mode, k): accuracy with its binomial SE, random k-head sets'
+    mean accuracy and SE over draws, and closed-book (specificity) accuracy of both."""
+    import numpy as np
+    import pandas as pd
+
+    from headhunt.heads.taskheads import mean_se
+
+    base = by["none"]
+    rows = []
+    for mode in config.modes:
+        for k in ks:
+            rand = [by[f"random/{mode}/{k}/{i}"] for i in range(config.random_draws)]
+            r_acc = mean_se([_acc(r["correct"]) for r in rand])
+            r_cb = mean_se([_acc(r["closed_book"]) for r in rand])
+            for d in config.detectors:
+                c = by[f"{d}/{mode}/{k}"]
+                acc, se = mean_se(c["correct"])
+                rows.append({
+                    "detector": d, "mode": mode, "k": k, "accuracy": acc, "se": se,
+                    "random": r_acc[0], "random_se": r_acc[1],
+                    "closed_book": _acc(c["closed_book"]), "random_closed_book": r_cb[0],
+                    "full": _acc(base["correct"]), "examples": len(c["correct"]),
+                    "closed_book_prompts": len(c["closed_book"]), "draws": len(rand),
+                })  # fmt: skip
+    return pd.DataFrame(rows).replace({np.nan: None}) if rows else pd.DataFrame()
+
+
+def collapse_figure(table, name: str):
+    """Accuracy against k for each detector and ablation (SE bars), random k-head sets and
+    the closed-book control (dotted)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    if len(table):
+        for (d, mode), t in table.groupby(["detector", "mode"], sort=False):
+            fig.add_trace(go.Scatter(x=t["k"], y=t["accuracy"], name=f"{d} top-k ({mode})",
+                                     error_y={"array": t["se"]}, mode="lines+markers"))  # fmt: skip
+            fig.add_trace(go.Scatter(x=t["k"], y=t["closed_book"], name=f"{d} closed-book ({mode})",
+                                     line={"dash": "dot"}, mode="lines"))  # fmt: skip
+        for mode, t in table.drop_duplicates(["mode", "k"]).groupby("mode"):
+            fig.add_trace(go.Scatter(x=t["k"], y=t["random"], name=f"random k ({mode})",
+                                     error_y={"array": t["random_se"]},
+                                     line={"color": "grey"}, mode="lines+markers"))  # fmt: skip
+        fig.add_hline(y=float(table["full"].iloc[0]), line_dash="dash",
+                      annotation_text="full model")  # fmt: skip
+    fig.update_xaxes(type="log", title_text="heads ablated (k)")
+    fig.update_yaxes(range=[0, 1.02], title_text="task accuracy (greedy exact match)")
+    fig.update_layout(title=f"Task heads: collapse curves, {name}", height=520, width=900)
+    return fig

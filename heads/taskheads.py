@@ -1,0 +1,438 @@
+"""Heads for a user's task: three detectors per head from one teacher-forced pass per example.
+
+For one example (:class:`headhunt.heads.task_inputs.Encoded`) the gold answer is fed after the
+prompt, so every head is scored whether or not the model would have answered correctly; the
+pass also says whether it would have (every answer token is the argmax of its row's logits,
+i.e. greedy decoding reproduces the answer). A second pass over the null prompt (the question
+replaced by "N/A") calibrates query focus, as QRHead does.
+
+- **copy** (Wu et al. 2024, arXiv 2404.15574, under teacher forcing): at answer step t the head's
+  argmax key lies in an evidence document and holds the gold token t; the score is the share
+  of answer steps where that holds.
+- **query focus** (QRHead, Zhang et al. 2025, arXiv 2506.09944): the attention mass from the
+  question's tokens to each document (summed over the document's keys, averaged over the
+  question's rows) minus the same mass from the null question; the head's score is the
+  calibrated mass on the evidence documents, and its document ranking is scored by recall@1
+  and NDCG@10 against the evidence.
+- **write** (LOCOS, arXiv 2607.01002): at answer step t the head writes
+  ``sum_j p_tj W_O^h v_j``; its component toward the gold token's logit, with the final
+  RMSNorm linearised (its scale ``1 / rms(x_t)`` frozen at the real final residual ``x_t``,
+  so the component is ``(W_O^h z) . (g * U[gold]) / rms(x_t)``, exact for the real
+  residual: the logit is the sum of its components' values), summed over the evidence keys
+  minus the same over the other context keys. Averaged over answer steps, and over the
+  examples the model answers correctly (LOCOS's correctness filter).
+
+Probabilities come from each chosen row's log-sum-exp (:func:`headhunt.kernels.attention_stats`
+on the question and answer rows only) and :func:`headhunt.kernels.attention_probs_at` over the
+context keys in chunks: no N x N matrix, the layer's own mask, window and softcap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.task_inputs import Encoded
+from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.hooked import HookedModel
+
+DETECTORS = {"copy": "copy_score", "query": "query_focus", "write": "write_score"}
+# Pairs per attention_probs_at call (x head dim floats gathered per head): bounds memory.
+PAIRS_PER_CALL = 1 << 16
+
+
+def _rows_kwargs(kw: dict, start: int, stop: int) -> dict:
+    """Kernel options of rows [start, stop) of a call (offset moved, per-row bounds sliced)."""
+    kw = dict(kw)
+    kw["q_offset"] = kw.get("q_offset", 0) + start
+    for name in ("key_lo", "key_hi"):
+        if name in kw:
+            kw[name] = kw[name][:, start:stop]
+    return kw
+
+
+class TaskCapture(AttentionHook):
+    """Per layer, from one forward of a batch-1 sequence: each head's mean attention mass per
+    document from ``rows`` (question rows), and at ``answer_rows`` its argmax key and its
+    attention-weighted values over the evidence and the other context keys.
+
+    Attributes (per layer, float32 on the CPU):
+        mass: [hq, docs] mean over ``rows`` of the summed probability on each document.
+        argmax: [hq, answer] absolute argmax key of each answer row.
+        z_evidence, z_other: [answer, hq, d] sum_j p_j v_j over evidence / other context keys.
+    """
+
+    def __init__(
+        self,
+        doc_spans: Sequence[tuple[int, int]],
+        evidence: Sequence[int],
+        rows: tuple[int, int],
+        answer_rows: tuple[int, int] | None = None,
+    ):
+        self.doc_spans = list(doc_spans)
+        self.rows = rows
+        self.answer_rows = answer_rows
+        self.lo, self.hi = self.doc_spans[0][0], self.doc_spans[-1][1]
+        n = self.hi - self.lo
+        doc_of = torch.full((n,), len(self.doc_spans), dtype=torch.long)  # last slot: not a doc
+        for i, (s, e) in enumerate(self.doc_spans):
+            doc_of[s - self.lo : e - self.lo] = i
+        self.doc_of = doc_of
+        self.on_evidence = torch.zeros(n, dtype=torch.bool)
+        for i in evidence:
+            s, e = self.doc_spans[i]
+            self.on_evidence[s - self.lo : e - self.lo] = True
+        self.mass: dict[int, Tensor] = {}
+        self.argmax: dict[int, Tensor] = {}
+        self.z_evidence: dict[int, Tensor] = {}
+        self.z_other: dict[int, Tensor] = {}
+
+    def before(self, call: AttentionCall) -> None:
+        if call.query.shape[0] != 1 or call.key_start != 0:
+            raise HeadhuntError("task heads are captured one whole sequence at a time")
+        kw = call.kernel_kwargs()
+        s, e = self.rows
+        self.mass[call.layer] = self._mass(call, kw, s, e)
+        if self.answer_rows is not None:
+            self._answer(call, kw, *self.answer_rows)
+
+    def _lse(self, call: AttentionCall, kw: dict, s: int, e: int):
+        from headhunt.kernels import attention_stats
+
+        q = call.query[:, :, s:e]
+        return q, attention_stats(q, call.key, key_stats=False, **_rows_kwargs(kw, s, e))
+
+    def _probs(self, call, kw, q, lse, s, e, k0, k1) -> Float[Tensor, "hq rows keys"]:
+        """Exact probabilities of rows [s, e) on keys [k0, k1): [hq, rows, keys]."""
+        from headhunt.kernels import attention_probs_at
+
+        r, dev = e - s, call.query.device
+        rows = torch.arange(r, device=dev).repeat_interleave(k1 - k0)
+        keys = torch.arange(k0, k1, device=dev).repeat(r)
+        p = attention_probs_at(q, call.key, lse, rows, keys, **_rows_kwargs(kw, s, e))
+        return p[0].view(-1, r, k1 - k0)
+
+    def _chunks(self, rows: int):
+        step = max(1, PAIRS_PER_CALL // max(rows, 1))
+        for k0 in range(self.lo, self.hi, step):
+            yield k0, min(self.hi, k0 + step)
+
+    def _mass(self, call, kw, s, e) -> Tensor:
+        q, stats = self._lse(call, kw, s, e)
+        hq = q.shape[1]
+        mass = torch.zeros(hq, len(self.doc_spans) + 1, device=q.device)
+        for k0, k1 in self._chunks(e - s):
+            p = self._probs(call, kw, q, stats.lse, s, e, k0, k1).mean(1)  # [hq, keys]
+            idx = self.doc_of[k0 - self.lo : k1 - self.lo].to(q.device)
+            mass.index_add_(1, idx, p)
+        return mass[:, :-1].cpu()
+
+    def _answer(self, call, kw, s, e) -> None:
+        q, stats = self._lse(call, kw, s, e)
+        hq, group = q.shape[1], q.shape[1] // call.key.shape[1]
+        self.argmax[call.layer] = (stats.argmax[0] + call.key_start).cpu()  # [hq, answer]
+        v = call.value[0].float()  # [hkv, nk, d]
+        z_ev = torch.zeros(e - s, hq, v.shape[-1], device=v.device)
+        z_off = torch.zeros_like(z_ev)
+        kv = torch.arange(hq, device=v.device) // group
+        for k0, k1 in self._chunks(e - s):
+            p = self._probs(call, kw, q, stats.lse, s, e, k0, k1)  # [hq, rows, keys]
+            ev = self.on_evidence[k0 - self.lo : k1 - self.lo].to(v.device)
+            vals = v[kv, k0:k1]  # [hq, keys, d]
+            z_ev += torch.einsum("hrk,hkd->rhd", p * ev, vals)
+            z_off += torch.einsum("hrk,hkd->rhd", p * ~ev, vals)
+        self.z_evidence[call.layer] = z_ev.cpu()
+        self.z_other[call.layer] = z_off.cpu()
+
+
+class OutputSum(AttentionHook):
+    """Sum and count of every head's output (before o_proj) over all positions: the mean a
+    mean ablation puts in its place."""
+
+    def __init__(self):
+        self.total: dict[int, Tensor] = {}
+        self.count = 0
+
+    def after(self, call: AttentionCall, output: Tensor) -> Tensor:
+        s = output[0].detach().float().sum(0).cpu()  # [hq, d]
+        self.total[call.layer] = self.total.get(call.layer, 0) + s
+        if call.layer == 0:
+            self.count += output.shape[1]
+        return output
+
+
+# ---------------------------------------------------------------- the final norm, linearised
+
+
+def final_norm(model: HookedModel) -> torch.nn.Module:
+    """The decoder's final RMSNorm (refused, one line, when it is something else)."""
+    inner = getattr(model.model, "model", None) or model.model
+    get_decoder = getattr(model.model, "get_decoder", None)
+    if callable(get_decoder):
+        inner = get_decoder() or inner
+    for name in ("norm", "final_layernorm", "ln_f", "final_norm"):
+        norm = getattr(inner, name, None)
+        if isinstance(norm, torch.nn.Module):
+            if "RMSNorm" not in type(norm).__name__ or _eps(norm) is None:
+                raise HeadhuntError(
+                    f"the final norm is a {type(norm).__name__}; the write score linearises "
+                    "an RMSNorm only"
+                )
+            return norm
+    raise HeadhuntError("no final norm found (norm, final_layernorm, ln_f): no write score")
+
+
+def _eps(norm: torch.nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(norm, name, None)
+        if isinstance(value, float | int):
+            return float(value)
+    return None
+
+
+def norm_gain(norm: torch.nn.Module, d_model: int) -> Float[Tensor, " d_model"]:
+    """The RMSNorm's effective gain g (``norm(x) = g * x / rms(x)``; Gemma's ``1 + w`` too),
+    read off the module: a ones vector has rms ``sqrt(1 + eps)``."""
+    p = next(norm.parameters())
+    with torch.no_grad():
+        ones = torch.ones(1, d_model, device=p.device, dtype=p.dtype)
+        return norm(ones)[0].float() * math.sqrt(1 + _eps(norm))
+
+
+def rms(norm: torch.nn.Module, x: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows"]:
+    """``sqrt(mean(x^2) + eps)``: the scale the linearisation freezes."""
+    x = x.float()
+    return torch.sqrt(x.pow(2).mean(-1) + _eps(norm))
+
+
+class _FinalResidual:
+    """Forward pre-hook of the final norm: keeps its input at chosen rows."""
+
+    def __init__(self, norm: torch.nn.Module, rows: tuple[int, int]):
+        self.rows, self.x = rows, None
+        self.handle = norm.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.x = args[0][0, self.rows[0] : self.rows[1]].detach().float()
+
+
+# ---------------------------------------------------------------- one example
+
+
+@dataclass
+class ExampleResult:
+    """One example's detector values per head ([layers, heads] arrays; ``mass`` and
+    ``null_mass`` [layers, heads, docs]) and whether greedy decoding would answer it."""
+
+    id: str
+    correct: bool
+    copy: np.ndarray
+    mass: np.ndarray
+    null_mass: np.ndarray
+    write_evidence: np.ndarray
+    write_other: np.ndarray
+    evidence: list[int]
+    tokens: int
+
+    @property
+    def calibrated(self) -> np.ndarray:
+        return self.mass - self.null_mass
+
+    @property
+    def query_focus(self) -> np.ndarray:
+        return self.calibrated[:, :, self.evidence].sum(-1)
+
+    @property
+    def write(self) -> np.ndarray:
+        return self.write_evidence - self.write_other
+
+    def to_record(self) -> dict:
+        return {
+            "id": self.id,
+            "correct": self.correct,
+            "tokens": self.tokens,
+            "evidence": self.evidence,
+            "copy": self.copy.round(6).tolist(),
+            "mass": self.mass.round(7).tolist(),
+            "null_mass": self.null_mass.round(7).tolist(),
+            "write_evidence": self.write_evidence.round(6).tolist(),
+            "write_other": self.write_other.round(6).tolist(),
+        }
+
+    @classmethod
+    def from_record(cls, r: dict) -> ExampleResult:
+        a = {k: np.asarray(r[k], float) for k in ("copy", "mass", "null_mass")}
+        w = {k: np.asarray(r[k], float) for k in ("write_evidence", "write_other")}
+        return cls(r["id"], bool(r["correct"]), **a, **w, evidence=r["evidence"],
+                   tokens=r["tokens"])  # fmt: skip
+
+
+@torch.inference_mode()
+def score_example(
+    model: HookedModel, enc: Encoded, *, extra_hooks: Sequence[AttentionHook] = ()
+) -> ExampleResult:
+    """The three detectors for one example: the teacher-forced pass and the null pass."""
+    from headhunt.sae.activations import output_projection
+
+    dev = model.device
+    a0, ids = enc.answer_start, enc.ids
+    n_ans = len(ids) - a0
+    answer_rows = (a0 - 1, len(ids) - 1)  # row t predicts answer token t
+    cap = TaskCapture(enc.doc_spans, enc.evidence, enc.question, answer_rows)
+    norm = final_norm(model)
+    resid = _FinalResidual(norm, answer_rows)
+    try:
+        with model.hooks(cap, *extra_hooks):
+            out = model.forward(torch.tensor([ids], device=dev), use_cache=False,
+                                logits_to_keep=n_ans + 1)  # fmt: skip
+    finally:
+        resid.handle.remove()
+    logits = out.logits[0, :n_ans].float()
+    gold = torch.tensor(ids[a0:], device=logits.device)
+    correct = bool((logits.argmax(-1) == gold).all())
+
+    null = TaskCapture(enc.doc_spans, enc.evidence, enc.null_question)
+    with model.hooks(null):
+        model.forward(torch.tensor([enc.null_ids], device=dev), use_cache=False, logits_to_keep=1)
+
+    L, H = model.n_layers, model.n_heads
+    ids_t = torch.tensor(ids)
+    lo, hi = cap.lo, cap.hi
+    copy = np.zeros((L, H))
+    w_ev, w_off = np.zeros((L, H)), np.zeros((L, H))
+    direction = write_directions(model, norm, resid.x, gold)  # [answer, d_model]
+    for layer in range(L):
+        pos = cap.argmax[layer]  # [hq, answer]
+        inside = (pos >= lo) & (pos < hi)
+        ev = torch.zeros_like(inside)
+        ev[inside] = cap.on_evidence[(pos[inside] - lo)]
+        same = ids_t[pos.clamp(0, len(ids) - 1)] == gold.cpu()[None]
+        copy[layer] = (ev & same).float().mean(1).numpy()
+        w_o = output_projection(model, layer).float().cpu()
+        w_h = w_o.view(w_o.shape[0], H, -1)  # [d_model, hq, d]
+        per_head = torch.einsum("mhd,rm->rhd", w_h, direction)  # [answer, hq, d]
+        w_ev[layer] = (cap.z_evidence[layer] * per_head).sum(-1).mean(0).numpy()
+        w_off[layer] = (cap.z_other[layer] * per_head).sum(-1).mean(0).numpy()
+    return ExampleResult(
+        id=enc.id,
+        correct=correct,
+        copy=copy,
+        mass=np.stack([cap.mass[i].numpy() for i in range(L)]),
+        null_mass=np.stack([null.mass[i].numpy() for i in range(L)]),
+        write_evidence=w_ev,
+        write_other=w_off,
+        evidence=list(enc.evidence),
+        tokens=len(ids),
+    )
+
+
+def write_directions(
+    model: HookedModel, norm: torch.nn.Module, x: Float[Tensor, "rows d_model"], gold: Tensor
+) -> Float[Tensor, "rows d_model"]:
+    """``g * U[gold_t] / rms(x_t)``: a residual vector's dot product with it is its part of the
+    gold logit with the final norm's scale frozen at the real residual ``x_t``."""
+    unembed = model.model.get_output_embeddings().weight.detach()
+    u = unembed[gold.to(unembed.device)].float().cpu()
+    g = norm_gain(norm, model.d_model).cpu()
+    return u * g[None] / rms(norm, x.cpu())[:, None]
+
+
+# ---------------------------------------------------------------- heads over examples
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (NaN for none; SE 0 for one value)."""
+    a = np.asarray(values, float)
+    if a.size == 0:
+        return float("nan"), float("nan")
+    se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else 0.0
+    return float(a.mean()), se
+
+
+def ranking_metrics(
+    scores: np.ndarray, relevant: Sequence[int], k: int = 10
+) -> tuple[float, float]:
+    """(recall@1, NDCG@k) of ranking documents by ``scores`` (binary relevance; ties broken by
+    document order, so a constant score ranks the first document first)."""
+    order = np.argsort(-np.asarray(scores, float), kind="stable")
+    rel = set(relevant)
+    gains = [1.0 / math.log2(i + 2) for i, d in enumerate(order[:k]) if d in rel]
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(k, len(rel))))
+    return float(order[0] in rel), float(sum(gains) / ideal) if ideal else float("nan")
+
+
+def head_matrices(results: Sequence[ExampleResult]) -> dict[str, np.ndarray]:
+    """Per-head scores over examples: copy_score, query_focus, query_recall1, query_ndcg10
+    (examples with two documents or more), write_score (correct examples only: NaN when the
+    model answered none)."""
+    L, H = results[0].copy.shape
+    out = {
+        "copy_score": np.mean([r.copy for r in results], 0),
+        "query_focus": np.mean([r.query_focus for r in results], 0),
+    }
+    multi = [r for r in results if r.mass.shape[-1] > 1]
+    rec, ndcg = np.full((L, H), np.nan), np.full((L, H), np.nan)
+    if multi:
+        m = np.array([[[ranking_metrics(r.calibrated[la, h], r.evidence) for h in range(H)]
+                       for la in range(L)] for r in multi])  # fmt: skip
+        rec, ndcg = m[..., 0].mean(0), m[..., 1].mean(0)
+    out["query_recall1"], out["query_ndcg10"] = rec, ndcg
+    right = [r.write for r in results if r.correct]
+    out["write_score"] = np.mean(right, 0) if right else np.full((L, H), np.nan)
+    return out
+
+
+def top_heads(matrix: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The ``k`` highest heads of a [layers, heads] matrix (NaN last; ties by position)."""
+    flat = np.nan_to_num(np.asarray(matrix, float).ravel(), nan=-np.inf)
+    order = np.argsort(-flat, kind="stable")[:k]
+    H = matrix.shape[1]
+    return [(int(i // H), int(i % H)) for i in order]
+
+
+def retrieval_table(
+    results: Sequence[ExampleResult],
+    heads: Sequence[tuple[int, int]],
+    texts: dict[str, tuple[list[str], str]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Document retrieval on examples with several documents: rank by the calibrated mass
+    summed over ``heads``, by all heads' calibrated mass, and (``texts``: id -> documents and
+    question; needs ``bm25s``) by BM25. Mean and SE of recall@1 and NDCG@10 per retriever."""
+    multi = [r for r in results if r.mass.shape[-1] > 1]
+    rankers = {
+        "top heads": lambda r: sum(r.calibrated[la, h] for la, h in heads),
+        "all heads": lambda r: r.calibrated.sum((0, 1)),
+    }
+    if texts is not None:
+        rankers["bm25"] = lambda r: bm25_scores(*texts[r.id])
+    table = {}
+    for name, rank in rankers.items():
+        m = [ranking_metrics(rank(r), r.evidence) for r in multi]
+        r1, r1_se = mean_se([x[0] for x in m])
+        nd, nd_se = mean_se([x[1] for x in m])
+        table[name] = {"recall1": r1, "recall1_se": r1_se, "ndcg10": nd, "ndcg10_se": nd_se,
+                       "examples": len(m)}  # fmt: skip
+    return table
+
+
+def bm25_scores(documents: list[str], question: str) -> np.ndarray:
+    """BM25 (``bm25s``, Lucene's variant) score of each document for the question."""
+    try:
+        import bm25s
+    except ImportError:
+        raise HeadhuntError("BM25 needs bm25s (pip install 'headhunt[retriever]')") from None
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(documents, stopwords="en", show_progress=False),
+                    show_progress=False)  # fmt: skip
+    query = bm25s.tokenize([question], stopwords="en", show_progress=False)
+    docs, scores = retriever.retrieve(query, k=len(documents), show_progress=False)
+    out = np.zeros(len(documents))
+    out[docs[0]] = scores[0]
+    return out

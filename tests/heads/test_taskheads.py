@@ -1,0 +1,222 @@
+"""Task heads: planted ground truth (a tiny model whose copying / evidence-writing heads are
+set by hand), the write score's identity against a direct dense computation, the detectors'
+helpers, and the method's run (ablation, retriever)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import headhunt as hh
+from headhunt.heads import taskheads as T
+from headhunt.heads.task_ablation import answers_right
+from headhunt.heads.task_inputs import Encoder, Example
+from headhunt.probes.attention import AttentionHook
+from headhunt.probes.hooked import HookedModel
+from headhunt.probes.tiny import tiny_causal_lm, tiny_llama, word_tokenizer
+
+VALUES = ["blue", "red", "green", "river", "bread", "lamp"]  # what the planted heads retrieve
+ASKING = ["what", "word", "is"]  # tokens whose rows look for a value
+FILLER = [
+    "it was a sunny day in the park .",
+    "the city is by the garden gate .",
+    "read the question and remember the answer .",
+    "the best thing to do is to read a book .",
+]
+COPIER, READER = (1, 2), (0, 1)  # attends to the value and writes it; attends, writes nothing
+
+
+def planted_model() -> HookedModel:
+    """Two layers x four heads (two KV heads), one-hot embeddings, every weight zero but two
+    heads. Both attend from the question's tokens and the answer row to the one value word of
+    the context (content only: the query / key sit on the lowest rotary frequency, which turns
+    by under 0.1 rad over these prompts). COPIER's values carry the word's identity and its
+    output projection writes it back, so the model answers by copying; READER writes nothing."""
+    tok = word_tokenizer()
+    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, d_model=128, tokenizer=tok, seed=0)
+    net, d, hd = m.model, 128, 32
+    vocab = {w: tok.convert_tokens_to_ids(w) for w in [*VALUES, *ASKING]}
+    scale = d**0.5  # RMSNorm turns a one-hot embedding into sqrt(d) at its token
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+        n = len(tok)
+        net.model.embed_tokens.weight[torch.arange(n), torch.arange(n)] = 1.0
+        net.lm_head.weight[torch.arange(n), torch.arange(n)] = 1.0
+        low = hd // 2 - 1  # the lowest rotary frequency of a head
+        for layer, head in (COPIER, READER):
+            att = net.model.layers[layer].self_attn
+            kv = head // 2
+            for w in ASKING:
+                att.q_proj.weight[head * hd + low, vocab[w]] = 12 / scale
+            for i, w in enumerate(VALUES):
+                att.k_proj.weight[kv * hd + low, vocab[w]] = 12 / scale
+                if (layer, head) == COPIER:
+                    att.v_proj.weight[kv * hd + i, vocab[w]] = 1 / scale
+                    att.o_proj.weight[vocab[w], head * hd + i] = 10.0
+    return m
+
+
+def planted_examples(n: int) -> list[Example]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        value = VALUES[i % len(VALUES)]
+        docs = list(rng.permutation(FILLER)[:3])
+        at = int(rng.integers(0, 4))
+        docs.insert(at, f"the secret word is {value} .")
+        out.append(Example(f"p{i}", docs, "what is the secret word ?", value, [at],
+                           "the secret word is"))  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def planted():
+    m = planted_model()
+    enc = Encoder(m.tokenizer, m.max_context)
+    return m, [enc.encode(e) for e in planted_examples(6)]
+
+
+def test_planted_heads_rank_first_on_every_detector(planted):
+    m, encoded = planted
+    results = [T.score_example(m, e) for e in encoded]
+    assert all(r.correct for r in results)  # the model answers by copying
+    mats = T.head_matrices(results)
+    assert set(T.top_heads(mats["copy_score"], 2)) == {COPIER, READER}
+    assert mats["copy_score"][COPIER] == 1.0 and mats["copy_score"][READER] == 1.0
+    assert set(T.top_heads(mats["query_focus"], 2)) == {COPIER, READER}
+    assert mats["query_focus"][COPIER] > 0.3
+    assert mats["query_recall1"][COPIER] == 1.0 and mats["query_ndcg10"][READER] == 1.0
+    # Only the copier writes: attention without a write is not counted by the write score.
+    assert T.top_heads(mats["write_score"], 1) == [COPIER]
+    assert mats["write_score"][COPIER] > 1.0
+    assert abs(mats["write_score"][READER]) < 1e-6
+    # The retriever from the top query-focus heads finds every evidence document.
+    table = T.retrieval_table(results, [COPIER, READER])
+    assert table["top heads"]["recall1"] == 1.0
+
+
+def test_ablating_the_copier_collapses_the_task_and_others_do_not(planted):
+    from headhunt.heads.task_ablation import ablation
+
+    m, encoded = planted
+    seqs = [(e.ids, e.answer_start) for e in encoded]
+    means = {la: torch.zeros(4, 32) for la in range(2)}
+    assert all(answers_right(m, seqs))
+    for mode in ("zero", "mean"):
+        assert not any(answers_right(m, seqs, ablation([COPIER], mode, means)))
+        assert all(answers_right(m, seqs, ablation([READER, (0, 0), (1, 3)], mode, means)))
+
+
+class DenseRows(AttentionHook):
+    """The direct computation: dense probabilities of the answer rows (the model's own rule:
+    mask, window, softcap) and each head's output there."""
+
+    def __init__(self, rows):
+        self.rows, self.p, self.v, self.out = rows, {}, {}, {}
+
+    def before(self, call):
+        self.p[call.layer] = call.probs(slice(*self.rows))[0]  # [hq, rows, nk]
+        self.v[call.layer] = call.value[0].float()
+
+    def after(self, call, output):
+        self.out[call.layer] = output[0, self.rows[0] : self.rows[1]].float()
+        return output
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@torch.no_grad()
+def test_write_score_equals_the_direct_computation(family):
+    """Per head: the evidence and off-evidence writes equal a dense computation from the
+    model's own probabilities; summed with the keys outside the context they equal the head's
+    real output projected; and the linearised final norm gives the real gold logit."""
+    if family == "llama":
+        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, seed=3)
+    else:  # Gemma's (1 + w) norm and an 8-token sliding window, past which the prompt runs
+        tok = word_tokenizer()
+        net = tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=3)
+        m = HookedModel(model=net, tokenizer=tok, name="tiny-gemma3")
+    enc = Encoder(m.tokenizer, m.max_context).encode(planted_examples(1)[0])
+    res = T.score_example(m, enc)
+    a0, n = enc.answer_start, len(enc.ids)
+    rows = (a0 - 1, n - 1)
+    dense = DenseRows(rows)
+    norm = T.final_norm(m)
+    keep = T._FinalResidual(norm, rows)
+    with torch.no_grad(), m.hooks(dense):
+        logits = m.forward(torch.tensor([enc.ids]), use_cache=False).logits[0, a0 - 1 : n - 1]
+    keep.handle.remove()
+    gold = torch.tensor(enc.ids[a0:])
+    direction = T.write_directions(m, norm, keep.x, gold)
+    # the linearisation is exact at the real residual: x . direction is the gold logit
+    assert torch.allclose((keep.x * direction).sum(-1), logits[torch.arange(len(gold)), gold],
+                          atol=1e-4)  # fmt: skip
+    lo, hi = enc.context
+    ev = torch.zeros(len(enc.ids), dtype=torch.bool)
+    for i in enc.evidence:
+        ev[slice(*enc.doc_spans[i])] = True
+    ctx = torch.zeros_like(ev)
+    ctx[lo:hi] = True
+    from headhunt.sae.activations import output_projection
+
+    H, hq = m.n_heads, m.n_heads
+    for layer in range(m.n_layers):
+        p, v = dense.p[layer], dense.v[layer]
+        vals = v[torch.arange(hq) // (hq // v.shape[0])]  # [hq, nk, d]
+        w_o = output_projection(m, layer).float().view(-1, H, m.head_dim)
+        per_head = torch.einsum("mhd,rm->rhd", w_o, direction)
+
+        def write(mask, p=p, vals=vals, per_head=per_head):
+            z = torch.einsum("hrk,hkd->rhd", p * mask, vals)
+            return (z * per_head).sum(-1).mean(0)
+
+        assert np.allclose(res.write_evidence[layer], write(ev).numpy(), atol=1e-5)
+        assert np.allclose(res.write_other[layer], write(ctx & ~ev).numpy(), atol=1e-5)
+        real = (dense.out[layer] * per_head).sum(-1).mean(0)
+        assert torch.allclose(write(torch.ones_like(ev)), real, atol=1e-5)
+
+
+def test_ranking_metrics_and_top_heads():
+    assert T.ranking_metrics([0.1, 0.9, 0.3], [1]) == (1.0, 1.0)
+    r1, ndcg = T.ranking_metrics([0.9, 0.1, 0.3], [1])
+    assert r1 == 0.0 and ndcg == pytest.approx(1 / np.log2(4))
+    m = np.array([[0.1, np.nan], [0.5, 0.2]])
+    assert T.top_heads(m, 3) == [(1, 0), (1, 1), (0, 0)]
+    assert T.mean_se([1, 0, 1, 0]) == (0.5, pytest.approx(np.sqrt(1 / 12)))
+
+
+def test_bm25_ranks_the_document_sharing_the_question_words():
+    pytest.importorskip("bm25s")
+    s = T.bm25_scores(["cats sleep all day", "the harbour of lisbon", "bread and salt"],
+                      "where is the harbour?")  # fmt: skip
+    assert int(np.argmax(s)) == 1
+
+
+def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
+    m, _ = planted
+    rows = [
+        {"context": e.documents, "question": e.question, "answer": e.answer, "lead": e.lead}
+        for e in planted_examples(6)
+    ]
+    data = tmp_path / "task.jsonl"
+    data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
+    cfg = {"input": str(data), "score_examples": 3, "ks": [1, 2, 8], "random_draws": 2,
+           "modes": ["zero", "mean"]}  # fmt: skip
+    run = hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
+    import pandas as pd
+
+    table = pd.read_csv(run.path / "ablation.csv")
+    one = table[(table.detector == "write") & (table.k == 1)]
+    assert (one.accuracy == 0.0).all() and (one.full == 1.0).all()
+    # random single heads rarely hit the one copier among eight heads; the mean says so
+    assert table[table.k == 1].random.min() >= 0.0
+    det = run.json("detectors.json")
+    assert [tuple(h) for h in det["top"]["write"][:1]] == [COPIER]
+    assert run.json("retrieval.json")["top heads"]["recall1"] == 1.0
+    assert set(run.scores().df.metric) >= {"copy_score", "query_focus", "write_score"}
+    spread = hh.methods.get("taskheads").spread(run, *COPIER)
+    assert len(spread) == 3 * 6 and spread.counted.sum() == 3 * 3
