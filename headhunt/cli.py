@@ -9,6 +9,7 @@ until a command runs, so ``--help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import os
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or bool(os.environ.get("HEADHUNT_DEBUG"))
     mark = open_runs()  # runs opened before this command (in a notebook) are not its to touch
     try:
-        code = _run(args, debug)
+        code = _run(args, debug, mark)
     except BaseException:
         discard_unstarted_runs(mark)
         raise
@@ -96,21 +97,29 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def _run(args: argparse.Namespace, debug: bool) -> int:
+def _run(args: argparse.Namespace, debug: bool, mark: int = 0) -> int:
+    from headhunt.rundir import saved_work, write_error
+
     try:
         return int(args.func(args) or 0)
     except HeadhuntError as e:
         _say(f"headhunt {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt:
-        print(
-            f"headhunt {args.command}: interrupted; finished work is kept, rerun with --resume",
-            file=sys.stderr,
+        said = (
+            "finished work is kept, rerun with --resume"
+            if saved_work(mark)
+            else "nothing was finished yet, nothing is kept"
         )
+        print(f"headhunt {args.command}: interrupted; {said}", file=sys.stderr)
         return 130
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            # A write outside the run helpers (a library's own file writer) hit a full disk.
+            _say(f"headhunt {args.command}: error: {write_error(e.filename or 'a file', e)}")
+            return 2
         _say(
             f"headhunt {args.command}: unexpected error: {type(e).__name__}: {e} "
             "(rerun with --debug for details)"

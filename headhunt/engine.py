@@ -174,6 +174,10 @@ def execute(
     if model is None and spec is None:
         raise HeadhuntError("give a model or a model spec")
     method.prepare(config)  # everything checkable without the model fails now
+    if spec is not None and spec.device_map is None:
+        from headhunt.probes.hooked import pick_device
+
+        pick_device(spec.device)  # an absent device (--device mps) fails before anything else
     name = spec.spec if model is None else _model_name(model)
     params = method.run_parameters(config, name, spec)
     dist = distributed.init()

@@ -372,6 +372,8 @@ def export(
 ) -> list[Path]:
     """Write ``matrix`` ([layers, query heads] scores) in ``fmt``; returns the files written."""
     folder = Path(folder)
+    if full_fraction is not None and not 0 <= full_fraction <= 1:  # before any file is written
+        raise HeadhuntError(f"--full-fraction {full_fraction:g} is outside 0..1")
     kw = {"sink": sink, "recent": recent, "full_fraction": full_fraction, "seed": seed}
     if fmt == "duo":
         return write_duo(folder, matrix, shape, provenance=provenance, **kw)

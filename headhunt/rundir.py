@@ -43,9 +43,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     text = json.dumps(obj, indent=2, default=_json_default) + "\n"
-    with open(tmp, "w") as f:
-        _write(f, text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            _write(f, text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
+        raise write_error(path, e) from None
+
+
+def write_error(path: Path, e: OSError) -> HeadhuntError:
+    """The one-line error of a failed write, naming the file (a full disk says so)."""
+    return HeadhuntError(f"cannot write {path}: {e.strerror or e}")
 
 
 # Fault injection for the crash tests: HEADHUNT_KILL_AT_WRITE=N makes this process write half
@@ -125,7 +134,15 @@ class RunDir:
                 the run; a resumed run had other parameters; the directory cannot be written.
         """
         out = Path(out).expanduser().resolve()
+        if not out.name:
+            raise HeadhuntError(f"--out {out} is the filesystem root; choose a folder below it")
         work = out.with_name(out.name + ".partial")
+        try:
+            os.stat(work)  # a name the filesystem cannot hold fails here, in one line
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise HeadhuntError(f"cannot use --out {_short(out)}: {e.strerror or e}") from None
         if out.exists() and not _is_run_dir(out) and not _is_empty_dir(out):
             kind = "a file" if not out.is_dir() else "a folder that is not a headhunt run"
             raise HeadhuntError(
@@ -209,8 +226,12 @@ class RunDir:
 
     def append_record(self, record: dict[str, Any], name: str = "records.jsonl") -> None:
         """Append one finished unit of work (a trial, a text) durably, for resuming."""
-        with open(self.work / name, "a") as f:
-            _write(f, json.dumps(record, default=_json_default) + "\n")
+        path = self.work / name
+        try:
+            with open(path, "a") as f:
+                _write(f, json.dumps(record, default=_json_default) + "\n")
+        except OSError as e:  # a cut line is dropped on resume (see _repair)
+            raise write_error(path, e) from None
 
     def records(self, name: str = "records.jsonl") -> list[dict[str, Any]]:
         """Records appended so far (by this or an interrupted earlier process); ``name`` may be
@@ -279,13 +300,33 @@ def discard_unstarted_runs(since: int = 0) -> None:
     while len(_OPEN) > since:
         run = _OPEN.pop()
         run.discard_if_empty()
+        if run.work.is_dir() and run.work != run.out:
+            for tmp in [*run.work.glob("*.tmp"), *run.work.glob(".*.tmp")]:
+                tmp.unlink(missing_ok=True)  # a write cut by an error (a full disk)
         run.release()
+
+
+def saved_work(since: int = 0) -> bool:
+    """Whether a run opened since the mark ``since`` has kept any finished work (a resume
+    would start from it)."""
+    for run in _OPEN[since:]:
+        if run.work.is_dir() and run.work != run.out:
+            names = {p.name for p in run.work.iterdir() if not p.name.endswith(".tmp")}
+            if names - {"parameters.json", ".write-test"}:
+                return True
+    return False
 
 
 def release_runs(since: int = 0) -> None:
     """Unlock the runs opened since the mark ``since`` (the CLI calls it when a command ends)."""
     while len(_OPEN) > since:
         _OPEN.pop().release()
+
+
+def _short(path: Path, limit: int = 80) -> str:
+    """A path cut to ``limit`` characters for a one-line message."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
 def _read_json(path: Path) -> Any:

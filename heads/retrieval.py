@@ -247,7 +247,8 @@ def _score_batch(model, batch, config, stop, on_record) -> list[dict[str, Any]]:
 
 
 def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScores:
-    """Head scores from trial records: mean and std over counted trials, needle-argmax rate.
+    """Head scores from trial records: mean and sample std over counted trials, needle-argmax
+    rate.
 
     Metrics: ``retrieval_score`` (the paper's score), ``retrieval_score_std``,
     ``needle_attention`` (share of decode steps whose argmax key is on the answer span, over
@@ -258,7 +259,9 @@ def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScor
     if counted:
         s = np.array([r["scores"] for r in counted])
         a = np.array([r["on_needle"] for r in counted])
-        mean, std, att = s.mean(0), s.std(0), a.mean(0)
+        # Sample std (ddof=1), as the dashboard's spread of the same trials; 0 for one trial.
+        mean, att = s.mean(0), a.mean(0)
+        std = s.std(0, ddof=1) if len(counted) > 1 else np.zeros(shape)
     else:
         mean = std = att = np.zeros(shape)
     kv = model.n_kv_heads

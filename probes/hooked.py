@@ -27,6 +27,10 @@ def pick_device(device: str | None = None) -> torch.device:
         raise HeadhuntError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise HeadhuntError(f"device {device!r} asked for, but CUDA is not available")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadhuntError(f"device {device!r} asked for, but this machine has no MPS (Apple GPU)")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise HeadhuntError(f"device {device!r} is not supported (use auto, cpu, cuda or cuda:N)")
     return dev
 
 

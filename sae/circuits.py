@@ -292,9 +292,11 @@ def run_trials(
 
 
 def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
-    """Per method: mean and std (over trials) of ROC AUC, and the per-trial values."""
+    """Per method: mean and sample std (ddof=1, over trials; 0 for one trial) of ROC AUC, and
+    the per-trial values."""
     out: dict[str, dict[str, Any]] = {}
     for name in trials[0].auc:
         vals = [t.auc[name] for t in trials]
-        out[name] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "trials": vals}
+        std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out[name] = {"mean": float(np.mean(vals)), "std": std, "trials": vals}
     return out

@@ -270,4 +270,8 @@ def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:
         table.add_column(str(col), justify="right")
     for row in df.itertuples(index=False):
         table.add_row(*[floatfmt.format(v) if isinstance(v, float) else str(v) for v in row])
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: print the whole table, not 80 columns of it
+        wide = console.options.update_width(100_000)
+        console = Console(width=max(80, console.measure(table, options=wide).maximum))
+    console.print(table)

@@ -24,7 +24,8 @@ METRICS: dict[str, MetricInfo] = {
         NO_TRIAL,
     ),
     "retrieval_score_std": MetricInfo(
-        "standard deviation of the retrieval score over counted trials",
+        "sample standard deviation (ddof=1) of the retrieval score over counted trials (0 "
+        "with one trial)",
         "share of steps, 0-1",
         when_constant=NO_TRIAL,
     ),

@@ -1,0 +1,161 @@
+"""Defects a new user hit (issue 29, item 5): each refused in one line, or fixed, with no
+traceback and nothing left behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from headhunt.cli import main
+
+NO_MODEL = "/nonexistent/model"
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    # Progress bars (on stderr) may precede the error; the error itself is one line.
+    err = "\n".join(
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if "it/s]" not in line and "text/s]" not in line and line.strip()
+    )
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "unexpected error" not in err, err
+    return err
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+def test_an_absent_mps_device_is_refused_in_one_line(tmp_path, capsys):
+    err = _one_line_error(
+        capsys, ["sinks", "--model", NO_MODEL, "--device", "mps", "--out", str(tmp_path / "r")]
+    )
+    assert "mps" in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("out", ["/", "LONG_NAME", "DEEP_PATH"])
+def test_out_paths_the_filesystem_cannot_hold_are_refused_in_one_line(tmp_path, capsys, out):
+    out = {
+        "/": "/",
+        "LONG_NAME": str(tmp_path / ("a" * 300)),
+        "DEEP_PATH": str(tmp_path / ("abc/" * 1500)),
+    }[out]
+    err = _one_line_error(capsys, ["sinks", "--model", NO_MODEL, "--out", out])
+    assert "--out" in err
+    assert not any(tmp_path.iterdir())
+
+
+def _sinks_argv(tiny_folder, out) -> list[str]:
+    return ["sinks", "--model", str(tiny_folder), "--device", "cpu", "--out", str(out),
+            "--n-texts", "2", "--length", "24", "--min-queries", "4", "--eps-tokens", "8"]  # fmt: skip
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(
+    tiny_folder, tmp_path, capsys, monkeypatch
+):
+    """ENOSPC in the middle of a durable write: one line naming the file, no .tmp left."""
+    from headhunt import rundir
+
+    real, calls = rundir._write, []
+
+    def full_disk(f, text):
+        calls.append(f.name)
+        if len(calls) == 2:  # the first write (parameters.json) fits, the next does not
+            f.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(f, text)
+
+    monkeypatch.setattr(rundir, "_write", full_disk)
+    err = _one_line_error(capsys, _sinks_argv(tiny_folder, tmp_path / "run"))
+    assert "No space left on device" in err
+    assert str(tmp_path) in err  # the file is named
+    assert not list(tmp_path.rglob("*.tmp")), list(tmp_path.rglob("*"))
+
+
+def test_an_interrupt_before_any_work_does_not_claim_work_was_kept(
+    tiny_folder, tmp_path, capsys, monkeypatch
+):
+    from headhunt.engine import ModelSpec
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ModelSpec, "load", interrupted)
+    assert main(_sinks_argv(tiny_folder, tmp_path / "run")) == 130
+    err = capsys.readouterr().err
+    assert "finished work is kept" not in err and "nothing" in err
+    assert not (tmp_path / "run.partial").exists()
+
+
+def test_an_interrupt_after_work_was_saved_says_it_is_kept(
+    tiny_folder, tmp_path, capsys, monkeypatch
+):
+    from headhunt.engine import RunContext
+
+    real = RunContext.append
+
+    def append_then_interrupt(self, name, record):
+        real(self, name, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunContext, "append", append_then_interrupt)
+    assert main(_sinks_argv(tiny_folder, tmp_path / "run")) == 130
+    assert "finished work is kept, rerun with --resume" in capsys.readouterr().err
+    assert (tmp_path / "run.partial").is_dir()
+
+
+def test_tables_in_a_log_are_not_cut_to_80_columns(capsys):
+    import pandas as pd
+
+    from headhunt.methods.base import print_table
+
+    wide = pd.DataFrame({f"column_{'x' * 20}_{i}": [1.0 + i] for i in range(5)})
+    print_table(wide, title="wide")
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert all(f"column_{'x' * 20}_{i}" in out for i in range(5))
+    assert max(map(len, out.splitlines())) > 80
+
+
+def test_kvpress_export_refuses_a_full_fraction_outside_0_1(tmp_path, capsys):
+    from headhunt.heads.scores import HeadScores
+
+    run = tmp_path / "run"
+    run.mkdir()
+    manifest = {"method": "retrieval", "parameters": {}, "model": {"n_layers": 2, "n_heads": 4}}
+    (run / "manifest.json").write_text(
+        json.dumps({**manifest, "model": {**manifest["model"], "n_kv_heads": 2}})
+    )
+    HeadScores.from_matrix("retrieval_score", [[0.1, 0.2, 0.3, 0.4]] * 2, n_kv_heads=2).to_parquet(
+        run / "scores.parquet"
+    )
+    out = tmp_path / "press"
+    argv = ["export", "--scores", str(run), "--format", "kvpress", "--full-fraction", "2"]
+    err = _one_line_error(capsys, [*argv, "--out", str(out)])
+    assert "--full-fraction" in err
+    assert not out.exists()
+
+
+def test_retrieval_std_is_the_sample_std_the_dashboard_shows():
+    """One std for the same trials: the score table's equals pandas' (the spread view's)."""
+    import pandas as pd
+
+    from headhunt.heads.retrieval import aggregate
+
+    class Shape:
+        n_layers, n_heads, n_kv_heads = 1, 2, 1
+
+    values = [[[0.0, 1.0]], [[1.0, 1.0]], [[0.5, 0.0]]]
+    records = [{"counted": True, "scores": v, "on_needle": v} for v in values]
+    table = aggregate(records, Shape()).df
+    std = table[table.metric == "retrieval_score_std"].sort_values("head")["value"].to_numpy()
+    expected = [pd.Series([v[0][h] for v in values]).std() for h in range(2)]
+    np.testing.assert_allclose(std, expected)
