@@ -319,16 +319,3 @@ def smallest_fraction_within(
             break
         ok = f
     return ok
-
-
-def ranking_report(
-    scores: str, metric: str, n_kv_heads: int, fractions: list[float], seed: int = 0
-) -> dict[str, Any]:
-    """How many trials the ranking of ``metric`` in run ``scores`` rests on and how stable its
-    top-k KV heads are at each swept share strictly between 0 and 1 (top-k overlap of two
-    halves of the trials: :func:`headhunt.export.stability_report`); ``warnings`` lists the
-    shares the trials are too few for."""
-    from headhunt.export import stability_report
-
-    shares = sorted({f for f in fractions if 0 < f < 1}, reverse=True)
-    return stability_report(scores, metric, n_kv_heads, shares, seed)

@@ -229,7 +229,7 @@ def test_stability_report_reads_a_retrieval_runs_trials(tmp_path):
 
 
 def test_kv_eval_ranking_report_warns_for_a_noisy_ranking(tmp_path):
-    from headhunt.heads.kv_eval import ranking_report
+    from headhunt.methods.kv_eval import ranking_report
     from headhunt.rundir import RunDir
 
     rng = np.random.default_rng(1)

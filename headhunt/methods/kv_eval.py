@@ -137,7 +137,7 @@ scores.parquet."""
             },
         }
         if scores is not None:
-            ranking = kv.ranking_report(
+            ranking = ranking_report(
                 config.scores, config.metric, shape.n_kv_heads, sweep.fractions
             )
             ctx.extra["summary"]["ranking"] = ranking
@@ -204,3 +204,16 @@ def figure(summary, name: str) -> Any:
     fig.update_yaxes(title_text="accuracy (x100)", row=1, col=1)
     fig.update_layout(title=f"KV-cache head pruning: {name}", height=450)
     return fig
+
+
+def ranking_report(
+    scores: str, metric: str, n_kv_heads: int, fractions: list[float], seed: int = 0
+) -> dict[str, Any]:
+    """How many trials the ranking of ``metric`` in run ``scores`` rests on and how stable its
+    top-k KV heads are at each swept share strictly between 0 and 1 (top-k overlap of two
+    halves of the trials: :func:`headhunt.export.stability_report`); ``warnings`` lists the
+    shares the trials are too few for. Here, not in the analyzer: it reads a run directory."""
+    from headhunt.export import stability_report
+
+    shares = sorted({f for f in fractions if 0 < f < 1}, reverse=True)
+    return stability_report(scores, metric, n_kv_heads, shares, seed)
