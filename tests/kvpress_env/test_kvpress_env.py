@@ -1,0 +1,131 @@
+"""headhunt's exports and presses inside kvpress 0.5.5 itself (its own environment:
+`make kvpress-env`, then `.venv-kvpress/bin/python -m pytest tests/kvpress_env`). Skipped where
+kvpress is not installed (the main environment: kvpress pins transformers < 5.3).
+
+The files are loaded the way kvpress's presses read theirs (np.load of the curve,
+DuoAttentionPress's own loader replaced as the export's README says), never modified, and each
+press's reported ratio is checked against the KV entries measured in the cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+kvpress = pytest.importorskip("kvpress")
+
+import torch  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from headhunt.export import ModelShape, export  # noqa: E402
+
+LAYERS, HEADS, KV = 2, 4, 2
+SHAPE = ModelShape(LAYERS, HEADS, KV, head_dim=16)
+SCORES = np.array([[0.9, 0.0, 0.1, 0.0], [0.0, 0.0, 0.0, 0.6]])  # KV maxima [0.9, 0.1], [0, 0.6]
+TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        max_position_embeddings=512,
+    )
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def prefill(model, press):
+    """The prefill of kvpress's pipeline (``model.model`` under the press), then the entries."""
+    from headhunt.kvpress_press import kv_entries
+
+    cache = DynamicCache()
+    ids = torch.randint(0, 100, (1, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), press(model):
+        model.model(input_ids=ids, past_key_values=cache)
+    held, kept = kv_entries(model, cache)
+    return held, kept, cache
+
+
+def masked_per_head(model, layer: int) -> np.ndarray:
+    m = model.model.layers[layer].self_attn.masked_key_indices
+    return np.bincount(m[1].numpy(), minlength=KV) if m is not None else np.zeros(KV, int)
+
+
+def test_lukv_curve_loads_unmodified_and_prunes_its_ratio(model, tmp_path):
+    from kvpress import ExpectedAttentionPress, LUKVPress
+
+    export("lukv", tmp_path / "l", SCORES, SHAPE)
+    press = LUKVPress(ExpectedAttentionPress(epsilon=2e-2), compression_ratio=0.5)
+    press._budget_curves = np.load(tmp_path / "l" / "budget_curve.npy")  # as its README says
+    held, kept, _ = prefill(model, press)
+    assert held == LAYERS * KV * TOKENS
+    assert 1 - kept / held == pytest.approx(0.5, abs=2 / held)
+    first, second = masked_per_head(model, 0), masked_per_head(model, 1)
+    assert first[0] < first[1] and second[1] < second[0]  # the better heads lose fewer
+
+
+def test_duo_pattern_through_kvpress_reports_the_masked_share(model, tmp_path, monkeypatch):
+    import json
+
+    from kvpress import DuoAttentionPress
+
+    folder = tmp_path / "k"
+    export("kvpress", folder, SCORES, SHAPE, sink=4, recent=12, context=TOKENS)
+
+    def local_pattern(model):  # the README's loader: DuoAttention's two files, clipped
+        cfg = json.loads((folder / "config.json").read_text())
+        values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t")
+        return cfg["sink_size"], cfg["recent_size"], np.clip(values, 0, 1)
+
+    monkeypatch.setattr(DuoAttentionPress, "load_attention_pattern", staticmethod(local_pattern))
+    budget = json.loads((folder / "budget.json").read_text())["ratios"]
+    for row in budget:
+        if not row["reachable"]:
+            continue
+        press = DuoAttentionPress(head_compression_ratio=row["head_compression_ratio"])
+        held, kept, _ = prefill(model, press)
+        removed = 1 - kept / held
+        assert press.compression_ratio == pytest.approx(removed)  # kvpress's own report
+        assert removed == pytest.approx(row["entries_removed_share"])  # budget.json's
+        assert kept * 2 * 16 * 2 == row["kv_bytes_kept"]  # bf16 bytes, as budget.json counts
+    as_evaluated = next(r for r in budget if r["target"] == 0.5)
+    assert as_evaluated["kvpress_reported_ratio"] < 0.5  # kvpress#228: heads, not bytes
+
+
+def test_adakv_weights_shift_budget_and_keep_the_ratio(model, tmp_path):
+    from kvpress import AdaKVPress, ExpectedAttentionPress
+
+    from headhunt.kvpress_press import HeadWeightedPress
+
+    files = export("adakv", tmp_path / "a", SCORES, SHAPE, floor=0.01)
+    weights = np.load(files[0])
+    plain = AdaKVPress(ExpectedAttentionPress(compression_ratio=0.5))
+    held, kept, _ = prefill(model, plain)
+    base = masked_per_head(model, 0)
+    weighted = AdaKVPress(
+        HeadWeightedPress(press=ExpectedAttentionPress(), weights=weights, compression_ratio=0.5)
+    )
+    held2, kept2, _ = prefill(model, weighted)
+    assert 1 - kept / held == 1 - kept2 / held2 == pytest.approx(0.5, abs=1 / TOKENS)
+    assert masked_per_head(model, 0)[0] < base[0]  # layer 0's best head keeps more
+
+
+def test_head_budget_press_keeps_its_share_and_the_best_heads_whole(model):
+    from headhunt.kvbudget import fold_kv
+    from headhunt.kvpress_press import HeadBudgetPress
+
+    kv = fold_kv(SCORES, KV)
+    for ratio in (0.25, 0.5, 0.75):
+        press = HeadBudgetPress(head_scores=kv, compression_ratio=ratio, sink=2, window=4)
+        held, kept, _ = prefill(model, press)
+        assert kept / held == pytest.approx(press.kept_share)
+        assert press.kept_share == pytest.approx(1 - ratio, abs=2 / held)
+    assert masked_per_head(model, 0)[0] < masked_per_head(model, 0)[1]
+    with pytest.raises(ValueError, match="3 layers x 2 KV heads; the model has 2 x 2"):
+        prefill(model, HeadBudgetPress(head_scores=np.ones((3, 2)), compression_ratio=0.5))
