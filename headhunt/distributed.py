@@ -12,7 +12,6 @@ single-process order, into the one run directory (see ``headhunt.engine.RunConte
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -301,16 +300,10 @@ def shard_records(run: RunDir, name: str) -> list[dict[str, Any]]:
 def merge_records(run: RunDir, name: str, records: list[dict[str, Any]]) -> None:
     """Replace ``name`` and its rank shards with ``records`` in the given (single-process)
     order, so the run directory does not depend on how the work was split or resumed."""
-    from headhunt.rundir import _json_default
+    from headhunt.atomic import write_file
 
-    tmp = run.work / f".{name}.tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
     # The merged file is in place before any shard goes: a crash in between leaves records
     # twice (each read keys them), never none.
-    os.replace(tmp, run.work / name)
+    write_file(run.work / name, records)
     for path in _shard_files(run, name)[1:]:
         path.unlink(missing_ok=True)

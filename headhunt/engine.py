@@ -80,11 +80,17 @@ class RunContext:
         """Where the run's file ``name`` is written."""
         return self.run_dir.path(name)
 
-    def write_json(self, name: str, obj: Any) -> None:
-        """Write the run's JSON file ``name`` atomically."""
-        from headhunt.rundir import write_json_atomic
+    def write(self, name: str, obj: Any, **options: Any) -> Path:
+        """Write the run's file ``name`` atomically (a temporary, then a rename), in the format
+        its suffix names (see :func:`headhunt.atomic.write_file`: json, jsonl, csv, tsv,
+        parquet, html, safetensors, png); a function is called with the temporary path to fill
+        instead (a folder, or a format of its own). Every file a method writes goes through
+        here, so a crash never leaves half of one."""
+        from headhunt.atomic import write_atomic, write_file
 
-        write_json_atomic(self.path(name), obj)
+        if callable(obj):
+            return write_atomic(self.path(name), obj)
+        return write_file(self.path(name), obj, **options)
 
     def say(self, text: str) -> None:
         """Print on rank 0 only."""
@@ -140,16 +146,21 @@ class RunContext:
         return records
 
     def step(self, name: str, compute: Callable[[], Any]) -> Any:
-        """A compute-once step: ``compute()``'s JSON result is kept in ``name`` and read back
-        when the run is resumed (written atomically: a crash never leaves half of it)."""
+        """A compute-once step, called by every rank: rank 0 computes ``compute()`` and keeps
+        its result in ``name`` (``.json``: JSON; ``.safetensors``: a dict of tensors; written
+        atomically), or finds it there when the run is resumed; every rank waits for it and
+        gets what the file holds."""
+        path = self.path(name)
+        if self.dist.is_main and not path.is_file():
+            self.write(name, compute())
+        self.wait()
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
         import json
 
-        path = self.path(name)
-        if path.is_file():
-            return json.loads(path.read_text())
-        value = compute()
-        self.write_json(name, value)
-        return value
+        return json.loads(path.read_text())
 
 
 def execute(
@@ -205,7 +216,7 @@ def execute(
             return None
         from headhunt.rundir import SCORES
 
-        scores.to_parquet(run_dir.path(SCORES))
+        ctx.write(SCORES, scores)
         path = run_dir.finalize(
             model=model.describe(),
             parameters=params,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -102,10 +100,3 @@ def status_map(table: pd.DataFrame, n_layers: int, n_heads: int, title: str):
     fig.update_yaxes(title_text="layer", dtick=1, range=[-0.5, n_layers - 0.5])
     fig.update_layout(title=title, height=max(360, 20 * n_layers))
     return fig
-
-
-def write_html(fig, path: Path) -> None:
-    """Self-contained HTML (plotly.js inlined: the file opens offline)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-    tmp.replace(path)

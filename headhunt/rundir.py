@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headhunt.atomic import append_durably, json_default, write_file
+from headhunt.atomic import write_error as write_error  # the CLI names a failed write with it
 from headhunt.errors import HeadhuntError
 
 MANIFEST = "manifest.json"
@@ -41,50 +43,7 @@ def package_versions() -> dict[str, str]:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    text = json.dumps(obj, indent=2, default=_json_default) + "\n"
-    try:
-        with open(tmp, "w") as f:
-            _write(f, text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary behind
-        raise write_error(path, e) from None
-
-
-def write_error(path: Path, e: OSError) -> HeadhuntError:
-    """The one-line error of a failed write, naming the file (a full disk says so)."""
-    return HeadhuntError(f"cannot write {path}: {e.strerror or e}")
-
-
-# Fault injection for the crash tests: HEADHUNT_KILL_AT_WRITE=N makes this process write half
-# of its N-th durable write (a record or an atomic file), then kill itself with SIGKILL.
-_KILL_AT_WRITE = int(os.environ.get("HEADHUNT_KILL_AT_WRITE", "0") or 0)
-_writes = 0
-
-
-def _write(f, text: str) -> None:
-    """Write ``text`` to the open file ``f`` and make it durable."""
-    global _writes
-    _writes += 1
-    if _writes == _KILL_AT_WRITE:
-        import signal
-
-        f.write(text[: len(text) // 2])
-        f.flush()
-        os.fsync(f.fileno())
-        os.kill(os.getpid(), signal.SIGKILL)
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    write_file(path, obj)
 
 
 @dataclass
@@ -226,12 +185,7 @@ class RunDir:
 
     def append_record(self, record: dict[str, Any], name: str = "records.jsonl") -> None:
         """Append one finished unit of work (a trial, a text) durably, for resuming."""
-        path = self.work / name
-        try:
-            with open(path, "a") as f:
-                _write(f, json.dumps(record, default=_json_default) + "\n")
-        except OSError as e:  # a cut line is dropped on resume (see _repair)
-            raise write_error(path, e) from None
+        append_durably(self.work / name, json.dumps(record, default=json_default) + "\n")
 
     def records(self, name: str = "records.jsonl") -> list[dict[str, Any]]:
         """Records appended so far (by this or an interrupted earlier process); ``name`` may be
@@ -407,10 +361,8 @@ def _repair(work: Path) -> None:
     """Make an interrupted run's files safe to continue: drop temporary files of writes that
     never finished, and cut every records file after its last complete record (a crash can
     leave half a line, and new records must not be appended onto it)."""
-    for tmp in work.glob("*.tmp"):
-        tmp.unlink(missing_ok=True)
-    for tmp in work.glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
+    for tmp in [*work.glob("*.tmp"), *work.glob(".*.tmp")]:
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
     for path in work.glob("*.jsonl"):
         data = path.read_bytes()
         keep = 0
@@ -433,8 +385,8 @@ def _check_same(old: Any, new: Any, where: Path) -> None:
     if old is None or new is None:
         return
     old, new = (
-        json.loads(json.dumps(old, default=_json_default)),
-        json.loads(json.dumps(new, default=_json_default)),
+        json.loads(json.dumps(old, default=json_default)),
+        json.loads(json.dumps(new, default=json_default)),
     )
     # Compared as JSON text, so a NaN parameter equals itself.
     changed = sorted(

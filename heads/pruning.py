@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -141,26 +140,30 @@ def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
 
 
 def save_pruned(model: HookedModel, folder: str | Path) -> Path:
-    """Write a pruned model as a Hugging Face folder (safetensors, config, tokenizer)."""
-    folder = Path(folder)
+    """Write a pruned model as a Hugging Face folder (safetensors, config, tokenizer),
+    atomically: a temporary folder renamed into place."""
+    from headhunt.atomic import write_atomic
+
+    return write_atomic(folder, lambda tmp: fill_pruned_folder(model, tmp))
+
+
+def fill_pruned_folder(model: HookedModel, folder: Path) -> None:
+    """Write a pruned model's Hugging Face folder (safetensors, config recording each layer's
+    heads, tokenizer) into ``folder`` as it is; :func:`save_pruned` and the run engine make it
+    atomic."""
     if not getattr(model.model.config, CONFIG_KEY, None):
         raise HeadhuntError("the model is not pruned (call prune_model first)")
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     impl = model.model.config._attn_implementation
     try:
         model.model.config._attn_implementation = "sdpa"  # not headhunt's hook implementation
-        model.model.save_pretrained(tmp, safe_serialization=True)
+        model.model.save_pretrained(folder, safe_serialization=True)
     finally:
         model.model.config._attn_implementation = impl
-    model.tokenizer.save_pretrained(tmp)
-    cfg_path = tmp / "config.json"
+    model.tokenizer.save_pretrained(folder)
+    cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg[CONFIG_KEY]["model_type"], cfg["model_type"] = cfg["model_type"], MODEL_TYPE
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.replace(folder)
-    return folder
 
 
 def load_pruned_model(

@@ -109,9 +109,10 @@ class HeadScores:
         return cls(pd.read_parquet(path))
 
     def to_parquet(self, path: str | os.PathLike) -> None:
-        tmp = f"{path}.tmp"
-        self.df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        """Write the table atomically (a temporary file, then a rename)."""
+        from headhunt.atomic import write_file
+
+        write_file(path, self)
 
     @property
     def metrics(self) -> list[str]:

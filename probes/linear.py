@@ -431,19 +431,22 @@ def to_scores(results: list[ProbeResult], n_heads_per_kv: int = 1):
     return HeadScores(df.astype({"layer": "int64", "head": "int64", "kv_head": "int64"}))
 
 
-def save_weights(results: list[ProbeResult], path: str | Path) -> None:
-    """All probes' weights in one safetensors file, keys ``L{layer:02d}.{name}`` for the
+def weight_tensors(results: list[ProbeResult]) -> dict[str, np.ndarray]:
+    """All probes' weights as one safetensors dict, keys ``L{layer:02d}.{name}`` for the
     residual stream and ``L{layer:02d}.H{head:02d}.{name}`` for heads."""
-    from safetensors.numpy import save_file
-
     tensors = {}
     for r in results:
         unit = f"L{r.layer:02d}" + ("" if r.head == RESIDUAL else f".H{r.head:02d}")
         for k, v in r.weights.items():
             tensors[f"{unit}.{k}"] = np.ascontiguousarray(v)
-    tmp = Path(f"{path}.tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
+    return tensors
+
+
+def save_weights(results: list[ProbeResult], path: str | Path) -> None:
+    """All probes' weights in one safetensors file (:func:`weight_tensors`), atomically."""
+    from headhunt.atomic import write_file
+
+    write_file(path, weight_tensors(results))
 
 
 def curve_figure(results: list[ProbeResult], task: str, title: str = "Linear probe"):

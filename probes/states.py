@@ -15,7 +15,7 @@ Storage: a folder with ``meta.json`` and one folder per shard of ``shard_size`` 
     states/shard-00000/resid-L00.npy     [rows, d_model]
     states/shard-00000/heads-L00.npy     [rows, n_heads, head_dim]  (only with heads=True)
 
-A shard is written into ``shard-XXXXX.tmp`` and renamed when whole, so a crash leaves either a
+A shard is written into ``.shard-XXXXX.tmp`` and renamed when whole, so a crash leaves either a
 complete shard or a ``.tmp`` folder that the next run deletes and redoes: capture resumes at
 shard granularity, and memory never holds more than one shard. :class:`StateStore` reads the
 shards back memory-mapped (``np.load(mmap_mode="r")``); ``layer(L)`` copies one layer of all
@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -41,6 +40,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headhunt.atomic import write_atomic, write_file
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
@@ -314,9 +314,7 @@ def capture_states(
                 "use a fresh folder"
             )
     else:  # a temporary file and a rename: a reader never sees half of it
-        tmp = out / f"{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, out / META)
+        write_file(out / META, meta)
     store = StateStore(out, meta)
     bar = tqdm(total=len(items), desc="capture", unit="text", disable=not progress)
     for s in range(n_shards):
@@ -342,8 +340,6 @@ def _capture_shard(
     final: Path,
     bar,
 ) -> None:
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a shard cut short by a crash is redone whole
     n_rows = sum(len(p) for p in positions)
     dtype = STORE_DTYPES[config.dtype]
     resid = {L: np.zeros((n_rows, model.d_model), dtype=dtype) for L in layers}
@@ -400,15 +396,19 @@ def _capture_shard(
     finally:
         for h in handles:
             h.remove()
-    tmp.mkdir(parents=True)
     item_idx = np.repeat(np.arange(first_item, first_item + len(items)), np.diff(starts))
     flat_pos = np.asarray([p for ps in positions for p in ps], dtype=np.int64)
     tokens = np.asarray(
         [items[i].input_ids[p] for i in range(len(items)) for p in positions[i]], dtype=np.int64
     )
-    np.savez(tmp / "rows.npz", item=item_idx, position=flat_pos, token=tokens)
-    for L in layers:
-        np.save(tmp / f"resid-L{L:02d}.npy", resid[L])
-        if config.heads:
-            np.save(tmp / f"heads-L{L:02d}.npy", heads[L])
-    os.replace(tmp, final)
+
+    def fill(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        np.savez(tmp / "rows.npz", item=item_idx, position=flat_pos, token=tokens)
+        for L in layers:
+            np.save(tmp / f"resid-L{L:02d}.npy", resid[L])
+            if config.heads:
+                np.save(tmp / f"heads-L{L:02d}.npy", heads[L])
+
+    # A temporary folder renamed when whole: a shard cut short by a crash is redone whole.
+    write_atomic(final, fill)

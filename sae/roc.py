@@ -103,11 +103,13 @@ def write_figure(fig, html: Path, png: Path | None = None) -> str | None:
     Returns:
         None when everything was written, else why the PNG was not.
     """
-    fig.write_html(str(html), include_plotlyjs=True)  # self-contained: opens offline
+    from headhunt.atomic import write_file
+
+    write_file(html, fig)  # self-contained (plotly.js inlined): opens offline
     if png is None:
         return None
     try:
-        fig.write_image(str(png))
+        write_file(png, fig)
     except Exception as e:  # kaleido needs a Chrome it can start; the HTML is enough without
         return f"PNG not written ({type(e).__name__}: {e})"
     return None

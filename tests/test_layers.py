@@ -18,8 +18,8 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 
-# Core types every layer may use: the error, Head/HeadScores.
-CORE = ("headhunt.errors", "headhunt.heads.scores")
+# Core types every layer may use: the error, Head/HeadScores, the one atomic file writer.
+CORE = ("headhunt.errors", "headhunt.heads.scores", "headhunt.atomic")
 KERNELS = ("headhunt.kernels",)
 CAPTURE = ("headhunt.probes",)  # model loading, the hooked model, attention hooks, capture
 # Input builders (needle prompts, task items, token sequences): plain data, below capture.

@@ -162,7 +162,7 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
             batch_size=config.batch_size,
             done={r["condition"]: r["recall"] for r in records},
         )
-        ctx.write_json("ablation.json", result.to_dict())
+        ctx.write("ablation.json", result.to_dict())
         ctx.extra["summary"] = {
             "baseline": result.baseline,
             "top_masked": result.top_masked,

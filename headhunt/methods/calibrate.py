@@ -122,7 +122,6 @@ test_items.parquet and calibrate.html."""
         from headhunt.heads import calibrate as C
         from headhunt.heads.scores import check_heads
         from headhunt.heads.tasks import load_task, split_task
-        from headhunt.plots import write_html
 
         config = config_.search()
         task = load_task(config_.task)
@@ -135,9 +134,8 @@ test_items.parquet and calibrate.html."""
             check_heads(fixed, model.n_layers, model.n_heads)
         layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]
         require(fixed is not None or bool(layers), "every layer is excluded; nothing to calibrate")
-        run_dir = ctx.run_dir
         if ctx.is_main:
-            run_dir.path("split.json").write_text(json.dumps(split.to_dict()) + "\n")
+            ctx.write("split.json", split.to_dict(), indent=None)
         act = config.act()
         records = {_key(r): r for r in ctx.records(RECORDS)}
         if records:
@@ -212,9 +210,8 @@ test_items.parquet and calibrate.html."""
             )
         if not ctx.is_main:
             return None
-        (run_dir.path("heads.json")).write_text(
-            json.dumps({"heads": chosen, "act": act.to_dict(), "task": task.name}, indent=1) + "\n"
-        )
+        saved = {"heads": chosen, "act": act.to_dict(), "task": task.name}
+        ctx.write("heads.json", saved, indent=1)
         t_search = time.perf_counter() - t1
         t2 = time.perf_counter()
         test_base = evaluate(("test_base",), split.test, [])
@@ -239,13 +236,11 @@ test_items.parquet and calibrate.html."""
             steps = [("greedy", i) for i in range(len(greedy))]
             order = [("mass",), ("calib_base",), *screened, ("dev_base",), *steps, *order]
         ctx.collect(RECORDS, order, key=_key)
-        (run_dir.path("result.json")).write_text(json.dumps(result, indent=1) + "\n")
+        ctx.write("result.json", result, indent=1)
         scores = _write_tables(
-            run_dir, model, split, test_base, test_cal, screen, mass, chosen, records
+            ctx, model, split, test_base, test_cal, screen, mass, chosen, records
         )
-        write_html(
-            _figure(screen, greedy, records, boot, task.name), run_dir.path("calibrate.html")
-        )
+        ctx.write("calibrate.html", _figure(screen, greedy, records, boot, task.name))
         ctx.timings.update({"search_s": t_search, "test_s": t_test})
         ctx.extra["summary"] = result
         if screen:
@@ -279,7 +274,7 @@ def _task_hash(task) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_tables(run_dir, model, split, test_base, test_cal, screen, mass, chosen, records):
+def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, records):
     import numpy as np
     import pandas as pd
 
@@ -305,13 +300,12 @@ def _write_tables(run_dir, model, split, test_base, test_cal, screen, mass, chos
     tables.append(HeadScores.from_matrix("chosen", sel, n_kv_heads=model.n_kv_heads))
     scores = HeadScores.concat(tables)
     scores.df = scores.df.dropna(subset=["value"]).reset_index(drop=True)
-    pd.DataFrame(
-        {
-            "item": split.test,
-            "baseline_correct": test_base["correct"],
-            "calibrated_correct": test_cal["correct"],
-        }
-    ).to_parquet(run_dir.path("test_items.parquet"), index=False)
+    items = {
+        "item": split.test,
+        "baseline_correct": test_base["correct"],
+        "calibrated_correct": test_cal["correct"],
+    }
+    ctx.write("test_items.parquet", pd.DataFrame(items))
     return scores
 
 

@@ -21,10 +21,7 @@ Files written (besides ``manifest.json``):
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,8 +218,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             f"a prompt has {longest} tokens, more than the model's context ({model.max_context})",
         )
         if ctx.is_main:
-            text = "".join(json.dumps(p.to_dict()) + "\n" for p in pairs.pairs)
-            _write_atomic(ctx.path("pairs.jsonl"), lambda tmp: tmp.write_text(text))
+            ctx.write("pairs.jsonl", [p.to_dict() for p in pairs.pairs])
             if config.truth_from:
                 _reuse_truth(config.truth_from, model, ctx, params)
         timings = ctx.timings
@@ -237,16 +233,10 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         )
         timings["capture"] = time.perf_counter() - t0
 
-        def once(compute: Callable[[], Any]) -> Any:
-            """Rank 0 computes (or reads back) a step; the other ranks read what it wrote."""
-            value = compute() if ctx.is_main else None
-            ctx.wait()
-            return value if ctx.is_main else compute()
-
         truth = effect = None
         patch: dict[str, Any] = {}
         if config.truth:
-            patch = once(lambda: _patching(model, pairs, ctx, config.batch_size, progress))
+            patch = _patching(model, pairs, ctx, config.batch_size, progress)
             timings["patching"] = patch["seconds"]
             effect = np.asarray(patch["effect"])
             truth = roc.binarize_truth(
@@ -254,9 +244,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             ).ravel()
         eap_pairs = None
         if config.eap:
-            eap_pairs, timings["eap"] = once(
-                lambda: _eap(model, pairs, ctx, config.batch_size, progress)
-            )
+            eap_pairs, timings["eap"] = _eap(model, pairs, ctx, config.batch_size, progress)
 
         # The trials: dealt over the ranks, each saved as it finishes (trial 0's SAE first, so
         # a resume that skips trial 0 finds its SAE).
@@ -309,7 +297,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             rule = f"top {size} heads by {rule_key}"
         truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
         circuit = {"rule": rule, "heads": chosen}
-        ctx.write_json("circuit.json", circuit)
+        ctx.write("circuit.json", circuit)
         summary = summarize(trials) if truth is not None else {}
         truth_rule = (
             f"top {sae_config.truth_top} heads by |patching effect|"
@@ -326,7 +314,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             "node_rule": rule_key,
             "verdict": report.verdict(summary, timings, rule_key),
         }
-        ctx.write_json("auc.json", auc)
+        ctx.write("auc.json", auc)
         plot_notes = _plots(
             ctx, sae_scores, rule_key, summary, eap_pairs, effect, truth, L, H, params, config.png
         )
@@ -425,7 +413,7 @@ def _reuse_truth(src: str, model, ctx, params: dict[str, Any]) -> None:
             continue
         if not (done.path / name).is_file():
             raise HeadhuntError(f"{src} has no {name}")
-        _write_atomic(ctx.path(name), lambda tmp, n=name: shutil.copy(done.path / n, tmp))
+        ctx.write(name, lambda tmp, n=name: shutil.copy(done.path / n, tmp))
 
 
 def _patching(model, pairs, ctx, batch_size: int, progress: bool) -> dict[str, Any]:
@@ -450,42 +438,27 @@ def _patching(model, pairs, ctx, batch_size: int, progress: bool) -> dict[str, A
 def _eap(model, pairs, ctx, batch_size: int, progress: bool):
     """Per-pair attribution patching, once per run (kept in ``eap.safetensors``)."""
     import torch
-    from safetensors.torch import load_file, save_file
 
     from headhunt.sae import patching
 
-    path = ctx.path("eap.safetensors")
-    if path.is_file():
-        got = load_file(str(path))
-        return got["per_pair"].flatten(1).numpy(), float(got["seconds"])
-    t0 = time.perf_counter()
-    per_pair = patching.attribution_patching(
-        model, pairs, batch_size=batch_size, per_pair=True, progress=progress
-    )
-    seconds = time.perf_counter() - t0
-    tensors = {"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}
-    _write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
-    return per_pair.flatten(1).numpy(), seconds
+    def compute() -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        per_pair = patching.attribution_patching(
+            model, pairs, batch_size=batch_size, per_pair=True, progress=progress
+        )
+        seconds = time.perf_counter() - t0
+        return {"per_pair": per_pair.contiguous(), "seconds": torch.tensor(seconds)}
 
-
-def _write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write(tmp)``, made durable, then renamed to ``path``: a crash never leaves half a file
-    (an interrupted run's ``.*.tmp`` files are dropped when it resumes)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    got = ctx.step("eap.safetensors", compute)
+    return got["per_pair"].flatten(1).numpy(), float(got["seconds"])
 
 
 def _save_sae(sae, ctx) -> None:
     """Trial 0's SAE, as ``DiscreteSAE.save`` writes it (``sae.safetensors`` + ``sae.json``),
     each file atomically."""
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
-    _write_atomic(ctx.path("sae.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
-    ctx.write_json("sae.json", sae.config.to_dict())
+    ctx.write("sae.safetensors", tensors)
+    ctx.write("sae.json", sae.config.to_dict())
 
 
 def _write_edges(ctx, trials, L: int, H: int) -> None:
@@ -496,9 +469,7 @@ def _write_edges(ctx, trials, L: int, H: int) -> None:
         for t in trials
         for i, j, v in t.top_edges
     ]
-    pd.DataFrame(rows, columns=["trial", "head_a", "head_b", "edge"]).to_parquet(
-        ctx.path("edges.parquet"), index=False
-    )
+    ctx.write("edges.parquet", pd.DataFrame(rows, columns=["trial", "head_a", "head_b", "edge"]))
 
 
 def _plots(
@@ -530,7 +501,7 @@ def _plots(
         fig = roc.roc_figure(
             curves, f"{task}: heads vs patching ground truth ({int(truth.sum())} heads)"
         )
-        note = roc.write_figure(fig, ctx.path("roc.html"), ctx.path("roc.png") if png else None)
+        note = _write_figure(ctx, fig, "roc", png)
         if note:
             notes.append(note)
     panels = [(f"{METHOD_NAMES[rule_key]} (trial mean)", sae_scores[rule_key])]
@@ -553,7 +524,20 @@ def _plots(
         fig.update_xaxes(title_text="head", row=1, col=c)
         fig.update_yaxes(title_text="layer", row=1, col=c)
     fig.update_layout(title=f"{task}: per-head scores", width=360 * len(panels), height=640)
-    note = roc.write_figure(fig, ctx.path("heads.html"), ctx.path("heads.png") if png else None)
+    note = _write_figure(ctx, fig, "heads", png)
     if note:
         notes.append(note)
     return notes
+
+
+def _write_figure(ctx, fig, stem: str, png: bool) -> str | None:
+    """``stem.html``, and ``stem.png`` when asked and kaleido works here; returns why the PNG
+    was not written, or None."""
+    ctx.write(f"{stem}.html", fig)
+    if not png:
+        return None
+    try:
+        ctx.write(f"{stem}.png", fig)
+    except Exception as e:  # kaleido needs a Chrome it can start; the HTML is enough without
+        return f"PNG not written ({type(e).__name__}: {e})"
+    return None

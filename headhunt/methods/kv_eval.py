@@ -99,7 +99,6 @@ scores.parquet."""
         from headhunt.export import ModelShape, check_scores, read_duo, read_scores
         from headhunt.heads import kv_eval as kv
         from headhunt.heads.scores import HeadScores
-        from headhunt.plots import write_html
 
         shape = ModelShape.of(model.describe())
         scores = read_scores(config.scores, config.metric)[0] if config.scores else None
@@ -123,10 +122,10 @@ scores.parquet."""
         if collected is None:
             return None
         table = kv.table_of(conds, {r["condition"]: r["records"] for r in collected})
-        table.to_parquet(ctx.path("kv_eval.parquet"), index=False)
+        ctx.write("kv_eval.parquet", table)
         summary = kv.summarize(table)
-        summary.to_csv(ctx.path("summary.csv"), index=False)
-        write_html(figure(summary, model.name), ctx.path("kv_eval.html"))
+        ctx.write("summary.csv", summary)
+        ctx.write("kv_eval.html", figure(summary, model.name))
         ctx.extra["summary"] = {
             "trials": len(trials),
             "rankings": list(rankings),

@@ -173,7 +173,6 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         from headhunt.heads.causal import random_head_sets
         from headhunt.heads.masking import HeadMask
         from headhunt.heads.mqar import RECALL_METRICS, MQARResult, recall_scores, run_mqar
-        from headhunt.plots import write_html
 
         c = config
         probes = CellBuilder(model, c, getattr(model, "mqar_config", None))
@@ -300,17 +299,17 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
             "random_pool_mean": float(np.mean(rand_pool)) if rand_pool else None,
             "random_sets": [sets[n] for n in sets if n != "recall heads"],
         }
-        acc.to_csv(ctx.path("accuracy.csv"), index=False)
-        distance_table(cell_recs).to_csv(ctx.path("distance.csv"), index=False)
-        ctx.write_json("masking.json", masking)
+        ctx.write("accuracy.csv", acc)
+        ctx.write("distance.csv", distance_table(cell_recs))
+        ctx.write("masking.json", masking)
         summary = {
             "layout": "abstract" if probes.trained is not None else c.layout,
             "accuracy_overall": float(acc["accuracy"].mean()),
             "recall_heads": recall_heads,
             "metrics": RECALL_METRICS,
         }
-        ctx.write_json("summary.json", summary)
-        write_html(figure(acc, scores, masking, model.name), ctx.path("mqar.html"))
+        ctx.write("summary.json", summary)
+        ctx.write("mqar.html", figure(acc, scores, masking, model.name))
         ctx.extra["summary"] = summary
         return scores
 

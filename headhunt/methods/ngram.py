@@ -189,7 +189,6 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
 
         from headhunt.heads.ngram import SeqRecord, plan_batches, score_sequences, summarize
         from headhunt.heads.scores import HeadScores
-        from headhunt.plots import write_html
 
         cfg = config.scores()
         inputs = build_inputs(model, config, config.natural_texts())
@@ -237,9 +236,9 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
                 **_query_counts(scores, source, cfg.k_max),
             }
         scores = HeadScores.concat(tables)
-        order_frame(scores, list(inputs)).to_csv(ctx.path("orders.csv"), index=False)
-        ctx.write_json("summary.json", summary)
-        write_html(figure(scores, list(inputs), model.name), ctx.path("ngram.html"))
+        ctx.write("orders.csv", order_frame(scores, list(inputs)))
+        ctx.write("summary.json", summary)
+        ctx.write("ngram.html", figure(scores, list(inputs), model.name))
         ctx.extra["summary"] = summary
         return scores
 

@@ -17,6 +17,7 @@ DEFAULT_LENGTH = {"ngram": 96, "needle": 256}
 # Options that change nothing in the results: a resumed run may change them.
 NOT_PARAMETERS = {"batch_size", "drop_states"}
 RECORDS = "records.jsonl"
+PARTS = "parts"  # each finished probe's weights, until probe_weights.safetensors holds them all
 
 
 @dataclass
@@ -207,7 +208,7 @@ class Probe(Method):
         # The command's timing names: "load" is the model and the target.
         ctx.timings["load"] = ctx.timings.pop("load_model_s", 0.0) + time.perf_counter() - t0
         if ctx.is_main:
-            target.frame().to_parquet(ctx.path("rows.parquet"), index=False)
+            ctx.write("rows.parquet", target.frame())
 
         t1 = time.perf_counter()
         store = None
@@ -226,7 +227,7 @@ class Probe(Method):
         units = [(L, linear.RESIDUAL) for L in layers]
         if config.heads:
             units += [(L, h) for L in layers for h in range(model.n_heads)]
-        parts = ctx.path("parts")
+        parts = ctx.path(PARTS)
         parts.mkdir(exist_ok=True)
         key = lambda r: (r["layer"], r["head"])  # noqa: E731
         done = {key(r) for r in ctx.records(RECORDS) if (parts / _unit_name(*key(r))).is_file()}
@@ -234,7 +235,7 @@ class Probe(Method):
         for layer, head in tqdm(mine, desc="probe", unit="probe", disable=not ctx.show_progress):
             x = store.layer(layer) if head == linear.RESIDUAL else store.head(layer, head)
             res = prober.fit(x, layer, head)
-            _save(res.weights, parts / _unit_name(layer, head))
+            ctx.write(f"{PARTS}/{_unit_name(layer, head)}", res.weights)
             ctx.append(RECORDS, {"layer": layer, "head": head, "metrics": res.metrics})
         ctx.wait()
         records = ctx.collect(RECORDS, units, key=key)
@@ -248,13 +249,13 @@ class Probe(Method):
         ]
         ctx.timings["probe"] = time.perf_counter() - t2
 
-        linear.save_weights(results, ctx.path("probe_weights.safetensors"))
+        ctx.write("probe_weights.safetensors", linear.weight_tensors(results))
         title = (
             f"{model.name}: {target.name} probe ({probe_config.score_name}, "
             f"{len(target.texts)} texts)"
         )
         fig = linear.curve_figure(results, target.task, title)
-        fig.write_html(ctx.path("probe_curve.html"), include_plotlyjs=True)
+        ctx.write("probe_curve.html", fig)
         shutil.rmtree(parts)
         if config.drop_states:
             shutil.rmtree(ctx.path("states"))
@@ -310,14 +311,6 @@ def selectivity_note(results, config, target) -> str:
 
 def _unit_name(layer: int, head: int) -> str:
     return f"L{layer:02d}.safetensors" if head < 0 else f"L{layer:02d}.H{head:02d}.safetensors"
-
-
-def _save(weights: dict, path) -> None:
-    from safetensors.numpy import save_file
-
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(weights, str(tmp))
-    tmp.replace(path)
 
 
 def _load(path) -> dict:

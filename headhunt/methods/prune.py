@@ -106,11 +106,11 @@ trials); writes prune_eval.csv."""
         from headhunt.export import ModelShape, check_scores, read_scores
         from headhunt.heads import prune_eval as pe
         from headhunt.heads.pruning import (
+            fill_pruned_folder,
             heads_to_drop,
             model_size,
             prune_model,
             ranked_heads,
-            save_pruned,
         )
         from headhunt.heads.scores import HeadScores, parse_heads
 
@@ -160,12 +160,12 @@ trials); writes prune_eval.csv."""
             import pandas as pd
 
             summary = pe.summarize(pd.DataFrame([r["result"] for r in records]))
-            summary.to_csv(ctx.path("prune_eval.csv"), index=False)
+            ctx.write("prune_eval.csv", summary)
             evaluation = summary.to_dict(orient="records")
         full = model_size(model)
         record = prune_model(model, drop)
-        save_pruned(model, ctx.path("model"))
-        ctx.write_json(
+        ctx.write("model", lambda folder: fill_pruned_folder(model, folder))
+        ctx.write(
             "prune.json",
             {
                 "dropped": record["dropped"],

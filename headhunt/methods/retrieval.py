@@ -75,10 +75,9 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         return {**config.trials().to_dict(), "model": model, "kv_aggregate": config.kv_aggregate}
 
     def run(self, model, config: RetrievalRunConfig, ctx):
-        import numpy as np
 
         from headhunt.heads import retrieval as R
-        from headhunt.plots import head_heatmap, write_html
+        from headhunt.plots import head_heatmap
 
         grid = config.trials()
         grid.validate(model)
@@ -107,16 +106,13 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         ctx.timings["trials_per_s"] = len(trials) / max(ctx.timings["trials_s"], 1e-9)
 
         scores = R.aggregate(records, model)
-        ctx.path("retrieval_heads.json").write_text(
-            json.dumps(R.reference_json(records, model.n_layers, model.n_heads))
-        )
+        reference = R.reference_json(records, model.n_layers, model.n_heads)
+        ctx.write("retrieval_heads.json", reference, indent=None, end="")
         mean = scores.matrix(R.METRIC)
         kv = R.kv_group_table(mean, model.n_kv_heads, config.kv_aggregate)
-        np.savetxt(ctx.path("duo_attention.tsv"), kv, delimiter="\t", fmt="%.6f")
-        write_html(
-            head_heatmap(mean, f"Retrieval score: {model.name}", "retrieval score"),
-            ctx.path("retrieval_heatmap.html"),
-        )
+        ctx.write("duo_attention.tsv", kv, fmt="%.6f")
+        heatmap = head_heatmap(mean, f"Retrieval score: {model.name}", "retrieval score")
+        ctx.write("retrieval_heatmap.html", heatmap)
         ctx.extra["summary"] = {
             "trials": len(records),
             "counted_trials": sum(r["counted"] for r in records),

@@ -170,7 +170,6 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
         from tqdm import tqdm
 
         from headhunt.heads.sinks import TextSinks, analyze_text, plot, summarize
-        from headhunt.plots import write_html
 
         sinks = config.sinks()
         inputs = build_inputs(model, read_texts(config.texts), config.length, config.n_texts)
@@ -187,11 +186,11 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
         if records is None:
             return None
         result = summarize([TextSinks.from_dict(r) for r in records], model, sinks)
-        result.sinks.to_parquet(ctx.path("sinks.parquet"), index=False)
-        result.tokens.to_csv(ctx.path("sink_tokens.csv"), index=False)
-        result.layers.to_csv(ctx.path("layers.csv"), index=False)
-        ctx.path("summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-        write_html(plot(result, f"Attention sinks: {model.name}"), ctx.path("sinks.html"))
+        ctx.write("sinks.parquet", result.sinks)
+        ctx.write("sink_tokens.csv", result.tokens)
+        ctx.write("layers.csv", result.layers)
+        ctx.write("summary.json", result.summary)
+        ctx.write("sinks.html", plot(result, f"Attention sinks: {model.name}"))
         ctx.extra["summary"] = result.summary
         return result.scores
 
