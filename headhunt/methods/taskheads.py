@@ -258,11 +258,10 @@ class Plan:
     def finish(self, ctx, conditions):
         from headhunt.heads.scores import HeadScores
         from headhunt.heads.taskheads import retrieval_table, top_heads
-        from headhunt.plots import write_html
 
         by = {c["name"]: c for c in conditions}
         table = ablation_table(by, self.config, self.ks)
-        table.to_csv(ctx.path("ablation.csv"), index=False)
+        ctx.write("ablation.csv", table)
         k16 = {d: {tuple(h) for h in self.top[d][:16]} for d in DETECTOR_METRICS}
         names = list(k16)
         overlaps = {f"{a}-{b}": len(k16[a] & k16[b]) for i, a in enumerate(names)
@@ -280,7 +279,7 @@ class Plan:
                 r.correct for r in self.results[: self.config.score_examples]
             ),
         }
-        ctx.write_json("detectors.json", detectors)
+        ctx.write("detectors.json", detectors)
         heads = top_heads(self.matrices["query_focus"], self.config.retriever_heads)
         texts = {e.id: (e.texts, e.question_text) for e in self.encoded.values()}
         try:
@@ -288,8 +287,8 @@ class Plan:
         except ImportError:
             texts = None
         retrieval = retrieval_table(self.eval, heads, texts)
-        ctx.write_json("retrieval.json", retrieval)
-        write_html(collapse_figure(table, self.model.name), ctx.path("taskheads.html"))
+        ctx.write("retrieval.json", retrieval)
+        ctx.write("taskheads.html", collapse_figure(table, self.model.name))
         ctx.extra["summary"] = {"baseline": detectors["baseline"], "overlaps": overlaps}
         n_kv = self.model.n_kv_heads
         return HeadScores.concat(HeadScores.from_matrix(m, v, n_kv_heads=n_kv)

@@ -62,18 +62,17 @@ def test_a_full_disk_names_the_file_and_leaves_no_temporary(
     tiny_folder, tmp_path, capsys, monkeypatch
 ):
     """ENOSPC in the middle of a durable write: one line naming the file, no .tmp left."""
-    from headhunt import rundir
+    from headhunt import atomic
 
-    real, calls = rundir._write, []
+    real, calls = atomic._sync, []
 
-    def full_disk(f, text):
+    def full_disk(f):  # every durable write ends in _sync
         calls.append(f.name)
         if len(calls) == 2:  # the first write (parameters.json) fits, the next does not
-            f.write(text[: len(text) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(f, text)
+        real(f)
 
-    monkeypatch.setattr(rundir, "_write", full_disk)
+    monkeypatch.setattr(atomic, "_sync", full_disk)
     err = _one_line_error(capsys, _sinks_argv(tiny_folder, tmp_path / "run"))
     assert "No space left on device" in err
     assert str(tmp_path) in err  # the file is named
