@@ -164,7 +164,10 @@ def run_mqar(
         else:
             correct_pool.append(correct[-1])
         if rec is not None:
-            layer_sums = torch.stack([rec.sums[i] for i in range(model.n_layers)], 1)
+            # a hybrid's layers that are not attention score NaN
+            like = rec.sums[model.attention_layers[0]]
+            nan = torch.full_like(like, float("nan"))
+            layer_sums = torch.stack([rec.sums.get(i, nan) for i in range(model.n_layers)], 1)
             recall = layer_sums if recall is None else recall + layer_sums
     return MQARResult(
         correct=torch.cat(correct),

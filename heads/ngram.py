@@ -294,11 +294,17 @@ def _score_row(
     }
 
 
-def _record(n: int, per_layer: dict[int, dict[str, Tensor]], n_layers: int) -> SeqRecord:
-    missing = [i for i in range(n_layers) if i not in per_layer]
+def _record(
+    n: int, per_layer: dict[int, dict[str, Tensor]], n_layers: int, attention: list[int]
+) -> SeqRecord:
+    """One sequence's scores over the model's layers: a layer that is not attention (a
+    hybrid's recurrent or convolution layer, ``attention`` lists the others) scores NaN."""
+    missing = [i for i in attention if i not in per_layer]
     if missing:
         raise HeadhuntError(f"no attention call was seen for layers {missing}")
-    layers = [per_layer[i] for i in range(n_layers)]
+    first = per_layer[attention[0]]
+    nan = {k: torch.full_like(v, float("nan")) for k, v in first.items()}
+    layers = [per_layer.get(i, nan) for i in range(n_layers)]
 
     def stack(name: str, axis: int) -> np.ndarray:
         return torch.stack([lay[name] for lay in layers], axis).numpy().astype(float)
@@ -309,11 +315,11 @@ def _record(n: int, per_layer: dict[int, dict[str, Tensor]], n_layers: int) -> S
         tl_dup=stack("tl_dup", 0),
         tl_ind=stack("tl_ind", 0),
         full_sum=stack("full_sum", 1),
-        n_full=layers[0]["n_full"].numpy().astype(float),
+        n_full=first["n_full"].numpy().astype(float),
         only_sum=stack("only_sum", 1),
         full_pp_sum=stack("full_pp_sum", 1),
         only_pp_sum=stack("only_pp_sum", 1),
-        n_both=layers[0]["n_both"].numpy().astype(float),
+        n_both=first["n_both"].numpy().astype(float),
     )
 
 
@@ -378,7 +384,9 @@ def score_sequences(
             # Only attention is scored: skip the [n, vocab] logits (1.6 GB at 8k tokens).
             model.forward(batch, use_cache=False, logits_to_keep=1)
             for b, i in enumerate(idx):
-                rec = _record(len(batch[b]), hook.results[b], model.n_layers)
+                rec = _record(
+                    len(batch[b]), hook.results[b], model.n_layers, model.attention_layers
+                )
                 out.append(rec)
                 if on_record is not None:
                     on_record(i, rec)

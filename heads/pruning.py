@@ -119,6 +119,11 @@ def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
     """
     if getattr(model.model.config, CONFIG_KEY, None):
         raise HeadhuntError("this model is already pruned; prune the original model instead")
+    if model.is_hybrid:
+        raise HeadhuntError(
+            "removing heads from the weights of a hybrid model (layers that are not attention) "
+            "is not supported; mask them in output mode instead (the same computation)"
+        )
     by_layer: dict[int, set[int]] = {}
     for layer, head in check_heads(drop, model.n_layers, model.n_heads):
         by_layer.setdefault(layer, set()).add(head)

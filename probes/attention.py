@@ -519,9 +519,62 @@ def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_ma
                 break
     if output is None:
         output, weights = _run_base_kernel(module, call, kwargs)
+    if getattr(module, "headhunt_gated", False):
+        # the layer gates (or normalises) the heads' output before projecting it: the
+        # ``after`` hooks run on what its output projection reads (see defer_after)
+        module.headhunt_pending = (call, list(hooks)) if hooks else None
+        return output, weights
     for hook in hooks:
         output = hook.after(call, output)
     return output, weights
+
+
+# Names of a layer's output projection (the linear map that reads every head's output).
+_OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "wo", "o")
+
+
+def output_projection(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The attention module's output projection (None when it has none of the known names)."""
+    for name in _OUTPUT_PROJECTIONS:
+        proj = getattr(module, name, None)
+        if isinstance(proj, torch.nn.Module):
+            return proj
+    return None
+
+
+def defer_after(module: torch.nn.Module) -> None:
+    """Run the ``after`` hooks of ``module``'s attention calls on the input of its output
+    projection instead of on the kernel's output.
+
+    Gated attention (Qwen3-Next, Qwen3.5: ``output * sigmoid(gate)`` per head and channel)
+    changes each head's output after the kernel; what the head writes into the residual stream
+    is the gated output the projection reads. Masking, mean ablation, pruning and ACT therefore
+    act there, as the model computes it, and captures of head outputs read it there.
+    ``HookedModel`` defers a layer whose projection input differs from its kernel output."""
+    if getattr(module, "headhunt_gated", False):
+        return
+    proj = output_projection(module)
+    if proj is None:
+        raise HeadhuntError(
+            f"{type(module).__name__}: changes its heads' output before an output projection "
+            "headhunt cannot find"
+        )
+
+    def run_after(_proj, args):
+        pending = getattr(module, "headhunt_pending", None)
+        if pending is None:
+            return None
+        module.headhunt_pending = None
+        call, hooks = pending
+        x = args[0]
+        out = x.reshape(*x.shape[:2], call.query.shape[1], -1)  # [b, nq, hq, d]
+        for hook in hooks:
+            out = hook.after(call, out)
+        return (out.reshape(x.shape), *args[1:])
+
+    proj.register_forward_pre_hook(run_after)
+    module.headhunt_gated = True
+    module.headhunt_pending = None
 
 
 def _run_base_kernel(module: torch.nn.Module, call: AttentionCall, kwargs: dict) -> tuple:

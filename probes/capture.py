@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
@@ -272,11 +273,15 @@ class DecodeArgmax(AttentionHook):
         return self._step
 
     def stacked(self, device: torch.device) -> Int[Tensor, "layers b hq"]:
-        """``step`` as one [layers, b, hq] tensor on ``device`` (every layer seen)."""
+        """``step`` as one [layers, b, hq] tensor on ``device``; a layer not seen (not an
+        attention layer of a hybrid model) is -1, a key no head ever picks."""
         step = self.step
         if self._all is not None and self._all.device == device:
             return self._all
-        return torch.stack([s.to(device) for s in step])
+        seen = next(s for s in step if s is not None)
+        return torch.stack([seen.new_full(seen.shape, -1) if s is None else s for s in step]).to(
+            device
+        )
 
     def _flush(self) -> None:
         """Score the noted layers, one launch pair per group that shares shapes, strides,
@@ -420,4 +425,10 @@ def _step(model: HookedModel, ids: Tensor, mask, positions, cache):
 def _cache(output):
     """The KV cache of a model output. The cache is the fourth positional argument of a causal
     LM's forward, named ``past_key_values`` before transformers 5.2x and ``cache`` after."""
-    return output["cache"] if "cache" in output else output["past_key_values"]
+    for name in ("cache", "past_key_values"):
+        if output.get(name) is not None:
+            return output[name]
+    raise HeadhuntError(
+        "the model returns no KV cache from a cached forward (it keeps its decoding state "
+        "inside its modules); headhunt decodes with transformers' cache"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,31 +99,68 @@ class HookedModel:
                 f"{type(self.model).__name__} does not take a custom attention implementation "
                 f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
             ) from None
-        self.modules = attention.attention_modules(self.model)
+        found = attention.attention_modules(self.model)
         if cfg is not self.model.config:  # a multimodal model: only its text tower is captured
-            self.modules = [m for m in self.modules if m.config is cfg]
-        if not self.modules:
+            found = [m for m in found if m.config is cfg]
+        # A hybrid model's config names each layer's kind; the layers it says are not softmax
+        # attention (linear attention, state-space, short convolution, MLP-only) are passed
+        # through, keeping the model's own layer indices. Every other layer must be captured.
+        self.layer_kinds: list[str] | None = _layer_kinds(cfg, self.n_layers)
+        kinds = self.layer_kinds or ["attention"] * self.n_layers
+        per_layer: dict[int, list] = {}
+        for m in found:
+            idx = m.layer_idx
+            if isinstance(idx, int) and 0 <= idx < self.n_layers and not passes_through(kinds[idx]):
+                per_layer.setdefault(m.layer_idx, []).append(m)
+        several = [i for i, ms in per_layer.items() if len(ms) > 1]
+        if several or (self.layer_kinds is None and len(found) > self.n_layers):
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: {len(found)} attention modules for "
+                f"{self.n_layers} layers (cross-attention or several attentions per layer?); "
+                "headhunt captures one self-attention per layer"
+            )
+        by_layer = {i: ms[0] for i, ms in per_layer.items()}
+        wanted = [i for i in range(self.n_layers) if not passes_through(kinds[i])]
+        if not wanted:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: no softmax attention layer (its layers are "
+                f"{', '.join(sorted(set(kinds)))}); headhunt's head methods need attention heads"
+            )
+        shared = [m for m in found if not isinstance(m.layer_idx, int) or m.layer_idx < 0]
+        if not by_layer and shared:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: one attention block ({type(shared[0]).__name__}) "
+                "is shared by several layers; headhunt captures one attention module per layer"
+            )
+        if not by_layer:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: no attention module with a layer index (recurrent "
                 "layers only, or an older modeling file outside transformers' "
                 "AttentionInterface); headhunt cannot hook it"
             )
-        if len(self.modules) != self.n_layers:
-            if len(self.modules) < self.n_layers and not _uses_attention_interface(self.model):
+        lacking = [i for i in wanted if i not in by_layer]
+        if lacking:
+            if not _uses_attention_interface(self.model):
                 raise HeadhuntError(
                     f"{type(self.model).__name__}: its attention does not go through "
                     "transformers' AttentionInterface, so headhunt cannot see it"
                 )
-            why = (
-                "recurrent or state-space layers?"
-                if len(self.modules) < self.n_layers
-                else "cross-attention or several attentions per layer?"
-            )
+            if self.layer_kinds is None:
+                raise HeadhuntError(
+                    f"{type(self.model).__name__}: {len(by_layer)} attention modules for "
+                    f"{self.n_layers} layers (recurrent or state-space layers?); headhunt "
+                    "captures one self-attention per layer"
+                )
             raise HeadhuntError(
-                f"{type(self.model).__name__}: {len(self.modules)} attention modules for "
-                f"{self.n_layers} layers ({why}); headhunt captures one self-attention per layer"
+                f"{type(self.model).__name__}: layer {lacking[0]} ({kinds[lacking[0]]}) has no "
+                "attention module of its own (one attention block shared by several layers?); "
+                "headhunt captures one self-attention module per layer"
             )
-        for i, m in enumerate(self.modules):
+        # index = the model's layer; None where the layer is not attention (passed through)
+        self.modules = [by_layer.get(i) for i in range(self.n_layers)]
+        self.attention_layers: list[int] = sorted(by_layer)
+        for i in self.attention_layers:
+            m = self.modules[i]
             m.headhunt_layer = i
             m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
             m.headhunt_hooks = []
@@ -131,7 +168,7 @@ class HookedModel:
                 m.register_forward_pre_hook(attention._record_query_start, with_kwargs=True)
                 m.headhunt_prehook = True
         if len({d for d in self.devices if d.startswith("cuda")}) > 1:
-            for m in self.modules:
+            for m in self.attention_modules:
                 _run_on_own_device(m)
         self.model.eval()
         self._check_calls()
@@ -141,6 +178,8 @@ class HookedModel:
         implementation exactly once, with a call headhunt can reproduce (else a one-line
         refusal naming the layer)."""
         seen: dict[int, int] = {}
+        outputs: dict[int, Tensor] = {}  # what each layer's attention returned
+        projected: dict[int, Tensor] = {}  # what its output projection then read
 
         class Count(AttentionHook):
             indexes_heads = False
@@ -148,6 +187,19 @@ class HookedModel:
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
 
+            def after(self, call: attention.AttentionCall, output: Tensor) -> Tensor:
+                outputs[call.layer] = output.reshape(*output.shape[:2], -1)
+                return output
+
+        handles = []
+        for i in self.attention_layers:
+            proj = attention.output_projection(self.modules[i])
+            if proj is not None and not getattr(self.modules[i], "headhunt_gated", False):
+
+                def read(_mod, args, i=i):
+                    projected[i] = args[0]
+
+                handles.append(proj.register_forward_pre_hook(read))
         ids = torch.tensor([[1, 2, 3]], device=self.device)
         with self.hooks(Count()):
             try:
@@ -159,7 +211,10 @@ class HookedModel:
                     f"{type(self.model).__name__}: a forward pass through headhunt's attention "
                     f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
                 ) from None
-        missing = [i for i in range(self.n_layers) if seen.get(i, 0) == 0]
+            finally:
+                for h in handles:
+                    h.remove()
+        missing = [i for i in self.attention_layers if seen.get(i, 0) == 0]
         if missing and "Cross" in type(self.modules[missing[0]]).__name__:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {missing[0]} is a cross-attention layer "
@@ -170,12 +225,41 @@ class HookedModel:
                 f"{type(self.model).__name__}: layer {missing[0]}'s attention does not go through "
                 "transformers' AttentionInterface, so headhunt cannot see it"
             )
-        twice = [i for i in range(self.n_layers) if seen[i] > 1]
+        twice = [i for i in self.attention_layers if seen[i] > 1]
         if twice:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
                 "times per forward (e.g. differential attention); headhunt reads one call"
             )
+        for i, read in projected.items():
+            out = outputs.get(i)
+            if out is None or out.shape != read.shape or not torch.equal(out, read):
+                # The layer changes its heads' output before projecting it (Qwen3-Next's
+                # head-wise sigmoid gate, a sub-norm): what a head writes is what the projection
+                # reads, so hooks see and change the output there (see attention.defer_after).
+                attention.defer_after(self.modules[i])
+
+    @property
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """The attention modules of the attention layers, in layer order."""
+        return [self.modules[i] for i in self.attention_layers]
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers are not attention (recurrent, state-space, convolution, MLP)."""
+        return len(self.attention_layers) < self.n_layers
+
+    def check_attention_layers(self, layers: Collection[int]) -> list[int]:
+        """``layers`` as a sorted list, refusing (one line) any that is not an attention layer."""
+        bad = sorted({int(x) for x in layers} - set(self.attention_layers))
+        if bad:
+            kinds = self.layer_kinds or []
+            what = f" ({kinds[bad[0]]})" if 0 <= bad[0] < len(kinds) else ""
+            raise HeadhuntError(
+                f"layer {bad[0]}{what} is not an attention layer of {type(self.model).__name__}; "
+                f"its attention layers are {_ranges(self.attention_layers)}"
+            )
+        return sorted({int(x) for x in layers})
 
     @functools.cached_property
     def blocks(self) -> torch.nn.ModuleList:
@@ -190,6 +274,7 @@ class HookedModel:
             and all(
                 any(m is a for m in block.modules())
                 for block, a in zip(mod, self.modules, strict=True)
+                if a is not None
             )
         ]
         if len(found) != 1:
@@ -234,6 +319,11 @@ class HookedModel:
             "head_dim": self.head_dim,
             "d_model": self.d_model,
             "max_context": self.max_context,
+            **(
+                {"attention_layers": list(self.attention_layers), "layer_kinds": self.layer_kinds}
+                if self.is_hybrid
+                else {}
+            ),
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             **({"devices": self.devices} if len(self.devices) > 1 else {}),
@@ -241,8 +331,10 @@ class HookedModel:
 
     @contextlib.contextmanager
     def hooks(self, *hooks: AttentionHook, layers: list[int] | None = None) -> Iterator[None]:
-        """Install attention hooks on every layer (or ``layers``) for the duration of the block."""
-        chosen = [self.modules[i] for i in (range(self.n_layers) if layers is None else layers)]
+        """Install attention hooks on every attention layer (or ``layers``, which must be
+        attention layers) for the duration of the block."""
+        picked = self.attention_layers if layers is None else self.check_attention_layers(layers)
+        chosen = [self.modules[i] for i in picked]
         for m in chosen:
             m.headhunt_hooks.extend(hooks)
         try:
@@ -298,6 +390,43 @@ class HookedModel:
         from nnsight import TransformersModel
 
         return TransformersModel(self.model, tokenizer=self.tokenizer, task="text-generation")
+
+
+# Layer kinds (a config's ``layer_types``, as transformers names them for hybrid models) whose
+# layers have no softmax attention: headhunt passes them through. Any other kind (full, sliding,
+# chunked attention, a "hybrid" layer with an attention block, a kind headhunt has not met) is
+# attention and must be captured, or the model is refused.
+PASS_THROUGH_KINDS = frozenset(
+    {"linear_attention", "conv", "mamba", "mamba2", "recurrent", "rwkv", "moe", "mlp", "ffn"}
+)
+
+
+def passes_through(kind: str) -> bool:
+    """Whether a layer of this kind has no softmax attention (headhunt passes it through)."""
+    return kind in PASS_THROUGH_KINDS
+
+
+def _layer_kinds(cfg, n_layers: int) -> list[str] | None:
+    """Each layer's kind from the config's ``layer_types`` (None when it has none)."""
+    try:
+        kinds = getattr(cfg, "layer_types", None)
+    except Exception:  # a derived property that does not hold for this config
+        return None
+    if not kinds or len(kinds) < n_layers or not all(isinstance(k, str) for k in kinds):
+        return None
+    return list(kinds[:n_layers])
+
+
+def _ranges(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as "0-2, 5"."""
+    out, start = [], None
+    for i, x in enumerate(layers):
+        if start is None:
+            start = x
+        if i + 1 == len(layers) or layers[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
 
 
 def _uses_attention_interface(model: torch.nn.Module) -> bool:

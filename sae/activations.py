@@ -32,6 +32,7 @@ def output_projection(model: HookedModel, layer: int) -> Float[Tensor, "d_model 
     Raises:
         HeadhuntError: the attention module has no recognised output projection.
     """
+    model.check_attention_layers([layer])  # a hybrid's other layers have no heads
     module = model.modules[layer]
     width = model.n_heads * model.head_dim
     for name in _PROJ_NAMES:

@@ -46,6 +46,17 @@ def _true_rows(att: torch.Tensor, call, real_q: torch.Tensor) -> torch.Tensor:
     return att
 
 
+def _by_layer(hm, attentions) -> list[tuple[int, torch.Tensor]]:
+    """Eager's per-layer attention weights as (layer, weights) of the attention layers: a
+    hybrid's eager model returns weights for its attention layers only, or one entry per
+    layer (None, or a linear-attention layer's own tensor, elsewhere)."""
+    if len(attentions) == hm.n_layers:
+        return [(i, attentions[i]) for i in hm.attention_layers]
+    attentions = [a for a in attentions if a is not None]
+    assert len(attentions) == len(hm.attention_layers), (len(attentions), hm.attention_layers)
+    return list(zip(hm.attention_layers, attentions, strict=True))
+
+
 def _argmax_agrees(rows: torch.Tensor, picked: torch.Tensor, what: str) -> None:
     """The eager probability at the captured argmax is the row's maximum (ties allowed)."""
     at = rows.gather(-1, picked[..., None])[..., 0]
@@ -96,11 +107,11 @@ def _eager_decode(pair: Pair, ids, mask, tokens):
             )
             cache, feed = _cache(out), tokens[:, t : t + 1]
             logits.append(out.logits[:, -1])
-            step = []
-            for att in out.attentions:
+            step = {}
+            for layer, att in _by_layer(pair.hooked, out.attentions):
                 row = att.new_zeros(*att.shape[:2], total)
                 row[..., p + 1 - att.shape[-1] : p + 1] = att[:, :, -1]
-                step.append(row)
+                step[layer] = row
             rows.append(step)
     return logits, rows
 
@@ -118,7 +129,7 @@ def check_decode(pair: Pair) -> None:
     logits, ref_rows = _eager_decode(pair, ids, mask, dec.tokens)
     for t in range(dec.tokens.shape[1]):
         assert torch.equal(logits[t].argmax(-1), dec.tokens[:, t]), f"token at step {t}"
-        for layer, ref in enumerate(ref_rows[t]):
+        for layer, ref in ref_rows[t].items():
             got = _as_eager_returns(rows.rows[layer][t], ref)
             torch.testing.assert_close(got, ref, atol=ATOL, rtol=1e-4)
             _argmax_agrees(ref, dec.argmax[t, layer], f"decode step {t} layer {layer}")
@@ -143,7 +154,7 @@ def check_dense_rows(pair: Pair) -> dict:
         hm.forward(ids, attention_mask=mask, use_cache=False)
     ref = _eager(pair, ids, mask).attentions
     real = mask.bool()
-    for layer, att in enumerate(ref):
+    for layer, att in _by_layer(hm, ref):
         att = att.transpose(1, 2)[real]  # [real queries, heads, keys]
         got = rec.calls[layer].probs().transpose(1, 2)[real]
         torch.testing.assert_close(_as_eager_returns(got, att), att, atol=ATOL, rtol=1e-4)
@@ -165,7 +176,7 @@ def check_prefill_stats(pair: Pair) -> None:
     real_q = mask.bool()[:, None, :]  # [b, 1, n]
     n = ids.shape[1]
     qi, ki = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-    for layer, att in enumerate(ref):
+    for layer, att in _by_layer(hm, ref):
         s, call = stats[layer], rec.calls[layer]
         att = _true_rows(torch.where(real_q[..., None], att, 0.0), call, real_q)
         a = att
@@ -198,14 +209,20 @@ def check_masking(pair: Pair, zeroed) -> None:
     real = mask.bool()
     with torch.no_grad():
         plain = hm.model(ids, attention_mask=mask).logits
-        with mask_heads(hm, [MASKED_HEAD]):
+        with mask_heads(hm, [masked_head(hm)]):
             masked = hm.model(ids, attention_mask=mask).logits
         ref_plain = pair.eager(ids, attention_mask=mask).logits
-        with zeroed(pair.eager, [MASKED_HEAD]):
+        with zeroed(pair.eager, [masked_head(hm)]):
             ref_masked = pair.eager(ids, attention_mask=mask).logits
     torch.testing.assert_close(plain[real], ref_plain[real], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(masked[real], ref_masked[real], atol=1e-4, rtol=1e-4)
     assert (masked[real] - plain[real]).abs().max() > 1e-4, "masking the head changed nothing"
+
+
+def masked_head(hm) -> tuple[int, int]:
+    """The head the masking check zeroes: head 1 of the last attention layer (layer 1 of the
+    two-layer models; a hybrid's attention layer wherever it is)."""
+    return (hm.attention_layers[-1], MASKED_HEAD[1])
 
 
 def check_ngram(pair: Pair) -> None:
@@ -225,7 +242,7 @@ def check_ngram(pair: Pair) -> None:
         hm.forward(ids[None], use_cache=False)
     ones = torch.ones(1, LENGTH, dtype=torch.long)
     ref = _eager(pair, ids[None], ones).attentions
-    for layer, att in enumerate(ref):
+    for layer, att in _by_layer(hm, ref):
         att = _true_rows(att, calls.calls[layer], ones.bool()[:, None])
         want = dense_reference(att[0], ids, cfg)
         for key in ("tl_prev", "tl_dup", "tl_ind"):

@@ -20,6 +20,8 @@ _ZEROED: dict[int, list[int]] = {}  # layer -> query heads whose queries the ref
 
 # Config fields some families need beyond the tiny shape of ``tiny_config`` (test fixtures,
 # never read by headhunt): values their released checkpoints set and the class defaults lack.
+_MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 16}
+
 OVERRIDES: dict[str, dict] = {
     # its RoPE is per layer type, with NoPE layers allowed (the class default, one RoPE for
     # all-full layers, does not build): sliding layers with RoPE, full ones without, as Cohere 2
@@ -78,6 +80,35 @@ OVERRIDES: dict[str, dict] = {
     # released LFM2 checkpoints mix short-convolution layers with attention layers
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # hybrids whose class defaults give two tiny layers no attention layer: a state-space
+    # (Mamba) layer, then an attention layer, as their released models interleave them
+    # (with a Mamba mixer of 4 heads, a state of 16 and chunks of 16, not 128 x 256 x 256:
+    # the mixer's PyTorch fallback on a CPU is slow at the class defaults)
+    "nemotron_h": {
+        "layer_types": ["linear_attention", "full_attention"],
+        **{"mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1},
+        "chunk_size": 16,
+    },
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], **_MAMBA},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1], **_MAMBA},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "attention_window_size": 8},
+    # four experts, not 256 / 512 (the tiny shape's expert count is not this field here); a
+    # linear-attention layer of 4 heads of 16, not 32 of 128
+    "kimi_linear": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "linear_num_heads": 4,
+        "linear_head_dim": 16,
+    },
+    "bailing_hybrid": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "head_dim": 16,
+        "layer_group_size": 2,  # one linear-attention layer, then one softmax attention layer
+    },
     "mamba2": {"expand": 1, "n_groups": 1},  # width x expand = heads x head size
     # a cross-attention layer (to the image) next to a self-attention layer
     "mllama": {"text_config": {"cross_attention_layers": [1]}},
