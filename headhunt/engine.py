@@ -145,6 +145,32 @@ class RunContext:
         merge_records(self.run_dir, name, records)
         return records
 
+    def run_conditions(
+        self,
+        name: str,
+        conditions: dict[str, Any],
+        measure: Callable[[Any], dict[str, Any]],
+        *,
+        timing: str | None = None,
+    ) -> dict[str, dict[str, Any]] | None:
+        """Conditions as units of work (condition name -> what to apply, such as the heads of
+        :meth:`~headhunt.heads.causal.MaskingCheck.conditions`): each rank measures its share
+        not done yet and saves ``{"condition": name, **measure(what)}`` under ``name``; every
+        rank waits (``timing`` records the slowest); rank 0 gets the records by condition, in
+        plan order, the others None."""
+        from tqdm import tqdm
+
+        def key(r: dict) -> str:
+            return r["condition"]
+
+        t0 = time.perf_counter()
+        todo = self.todo(list(conditions), self.done(name, key=key))
+        for c in tqdm(todo, desc="conditions", unit="cond", disable=not self.show_progress):
+            self.append(name, {"condition": c, **measure(conditions[c])})
+        self.wait(timing, since=t0)
+        records = self.collect(name, list(conditions), key=key)
+        return None if records is None else {key(r): r for r in records}
+
     def step(self, name: str, compute: Callable[[], Any]) -> Any:
         """A compute-once step, called by every rank: rank 0 computes ``compute()`` and keeps
         its result in ``name`` (``.json``: JSON; ``.safetensors``: a dict of tensors; written

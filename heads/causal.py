@@ -88,14 +88,20 @@ class MaskingCheck:
         )
         return cls(heads, sets)
 
-    def conditions(self) -> dict[str, list[Head]]:
-        """Condition name -> heads masked, in run order: ``baseline`` (none), ``top`` (the heads
-        under test), ``random0``, ``random1``, ..."""
+    def conditions(self, baseline: bool = True) -> dict[str, list[Head]]:
+        """Condition name -> heads masked, in run order: ``baseline`` (none; left out when the
+        caller has measured it already), ``top`` (the heads under test), ``random0``,
+        ``random1``, ... The one unit plan of the check: the library runs it with :meth:`run`,
+        a method deals it over its ranks with ``RunContext.run_conditions``."""
         return {
-            "baseline": [],
+            **({"baseline": []} if baseline else {}),
             "top": self.heads,
             **{f"random{i}": s for i, s in enumerate(self.random_sets)},
         }
+
+    def random_names(self) -> list[str]:
+        """The control conditions' names, in order."""
+        return [f"random{i}" for i in range(len(self.random_sets))]
 
     def run(
         self,
@@ -158,6 +164,23 @@ class AblationResult:
     random_heads: list[list[Head]]
     per_trial: dict[str, list[float]] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, check: MaskingCheck, recall: Mapping[str, list[float]]) -> AblationResult:
+        """The result of ``check`` from each condition's per-trial recall."""
+
+        def pct(name: str) -> float:
+            return 100 * float(np.mean(recall[name]))
+
+        return cls(
+            top_k=len(check.heads),
+            top_heads=[list(h) for h in check.heads],
+            baseline=pct("baseline"),
+            top_masked=pct("top"),
+            random_masked=[pct(n) for n in check.random_names()],
+            random_heads=[[list(h) for h in s] for s in check.random_sets],
+            per_trial=dict(recall),
+        )
+
     @property
     def random_mean(self) -> float:
         return float(np.mean(self.random_masked)) if self.random_masked else float("nan")
@@ -203,17 +226,4 @@ def ablation_check(
             batch_size=batch_size,
         )
 
-    results = check.run(recall, done=done, on_condition=on_condition)
-
-    def pct(name: str) -> float:
-        return 100 * float(np.mean(results[name]))
-
-    return AblationResult(
-        top_k=top_k,
-        top_heads=[list(h) for h in check.heads],
-        baseline=pct("baseline"),
-        top_masked=pct("top"),
-        random_masked=[pct(f"random{i}") for i in range(draws)],
-        random_heads=[[list(h) for h in s] for s in check.random_sets],
-        per_trial=results,
-    )
+    return AblationResult.of(check, check.run(recall, done=done, on_condition=on_condition))

@@ -3,7 +3,6 @@ then K random heads, and compare needle recall on fresh trials."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,7 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
         }
 
     def run(self, model, config: AblateConfig, ctx):
-        from headhunt.heads.causal import MaskingCheck, ablation_check, needle_recall
+        from headhunt.heads.causal import AblationResult, MaskingCheck, needle_recall
         from headhunt.heads.retrieval import METRIC, build_trials, stop_token_ids
 
         source = config.source()
@@ -126,42 +125,28 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
         above = scores.heads(METRIC, source.manifest["parameters"].get("threshold", 0.1))
         if config.top_k > len(ranked):
             raise HeadhuntError(f"--top-k must be between 1 and {len(ranked)}")
-        # The conditions (no mask, the top heads, each random set) are the units of work.
+        # The check's conditions (no mask, the top heads, each random set) are the units of work.
         check = MaskingCheck.draw(
             model, ranked[: config.top_k], config.draws, seed=config.seed, exclude=above
         )
-        conditions = check.conditions()
-        done = ctx.done(RECORDS, key=lambda r: r["condition"])
-        t1 = time.perf_counter()
-        for name in ctx.todo(list(conditions), done):
-            recall = needle_recall(
-                model,
-                trials,
-                max_new_tokens=config.max_new_tokens,
-                stop_ids=stop_token_ids(model.tokenizer),
-                heads=conditions[name],
-                mode=config.mode,
-                batch_size=config.batch_size,
-            )
-            ctx.append(RECORDS, {"condition": name, "recall": recall})
-        ctx.wait("ablation_s", since=t1)
-        records = ctx.collect(RECORDS, list(conditions), key=lambda r: r["condition"])
+
+        def recall(heads) -> dict[str, list[float]]:
+            return {
+                "recall": needle_recall(
+                    model,
+                    trials,
+                    max_new_tokens=config.max_new_tokens,
+                    stop_ids=stop_token_ids(model.tokenizer),
+                    heads=heads,
+                    mode=config.mode,
+                    batch_size=config.batch_size,
+                )
+            }
+
+        records = ctx.run_conditions(RECORDS, check.conditions(), recall, timing="ablation_s")
         if records is None:
             return None
-        result = ablation_check(  # every condition is done: this only assembles the result
-            model,
-            trials,
-            ranked,
-            top_k=config.top_k,
-            draws=config.draws,
-            seed=config.seed,
-            max_new_tokens=config.max_new_tokens,
-            stop_ids=stop_token_ids(model.tokenizer),
-            exclude=above,
-            mode=config.mode,
-            batch_size=config.batch_size,
-            done={r["condition"]: r["recall"] for r in records},
-        )
+        result = AblationResult.of(check, {k: r["recall"] for k, r in records.items()})
         ctx.write("ablation.json", result.to_dict())
         ctx.extra["summary"] = {
             "baseline": result.baseline,

@@ -3,7 +3,6 @@ streaming heads for the rest) for several head rankings, on needles and RULER-li
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,19 +108,16 @@ scores.parquet."""
         rankings = kv.kv_rankings(model, sweep, scores, duo)
         trials = kv.build_eval_trials(model, sweep)
         conds = kv.conditions(rankings, sweep.fractions)
-        keys = [kv.condition_key(n, f) for n, f in conds]
-        done = ctx.done(RECORDS, key=lambda r: r["condition"])
-        t1 = time.perf_counter()
-        for name, fraction in ctx.todo(conds, done, key=lambda c: kv.condition_key(*c)):
-            records = kv.run_condition(
-                model, trials, kv.plan_ranking(rankings, name), fraction, sweep
-            )
-            ctx.append(RECORDS, {"condition": kv.condition_key(name, fraction), "records": records})
-        ctx.wait("sweep_s", since=t1)
-        collected = ctx.collect(RECORDS, keys, key=lambda r: r["condition"])
+        plan = {kv.condition_key(n, f): (n, f) for n, f in conds}
+
+        def measure(cond: tuple[str, float]) -> dict[str, Any]:
+            ranking = kv.plan_ranking(rankings, cond[0])
+            return {"records": kv.run_condition(model, trials, ranking, cond[1], sweep)}
+
+        collected = ctx.run_conditions(RECORDS, plan, measure, timing="sweep_s")
         if collected is None:
             return None
-        table = kv.table_of(conds, {r["condition"]: r["records"] for r in collected})
+        table = kv.table_of(conds, {k: r["records"] for k, r in collected.items()})
         ctx.write("kv_eval.parquet", table)
         summary = kv.summarize(table)
         ctx.write("summary.csv", summary)

@@ -166,73 +166,19 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         return model
 
     def run(self, model, config: MQARConfig, ctx):
-        import numpy as np
         import torch
-        from tqdm import tqdm
 
-        from headhunt.heads.causal import random_head_sets
-        from headhunt.heads.masking import HeadMask
-        from headhunt.heads.mqar import RECALL_METRICS, MQARResult, recall_scores, run_mqar
+        from headhunt.heads.causal import MaskingCheck
+        from headhunt.heads.mqar import RECALL_METRICS, MQARResult, recall_scores
 
         c = config
-        probes = CellBuilder(model, c, getattr(model, "mqar_config", None))
-        most = max(*c.pairs, c.heads_cell[0])
-        require(
-            most <= probes.n_keys,
-            f"{most} pairs exceed the {probes.n_keys} distinct keys available",
-        )
-        n_heads_total = model.n_layers * model.n_heads
-        require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
-        kv = probes.trained is None and c.layout == "kv"
-        for n in {*c.pairs, c.heads_cell[0]}:
-            for gap in {*c.gaps, c.heads_cell[1]}:
-                length = c.tokens_per_pair * n + 2 * n * kv + gap + 1
-                if length > model.max_context:
-                    raise HeadhuntError(
-                        f"N={n}, gap={gap} makes {length}-token examples, longer than the "
-                        f"model's context ({model.max_context})"
-                    )
-
-        # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
-        t1 = time.perf_counter()
-        grid = [(n, g) for g in c.gaps for n in c.pairs]
+        cells = CellBuilder(model, c, getattr(model, "mqar_config", None))
+        _check_sizes(model, c, cells)
         hn, hgap = c.heads_cell
-        hprobe = probes(hn, hgap, c.head_examples, salt=1)
-        done = ctx.done(CELLS, key=lambda r: (r["n_pairs"], r["gap"]))
-        if ctx.records(HEADS):
-            done.add("heads")
-        if done:
-            ctx.say(
-                f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)"
-            )
-        for unit in tqdm(
-            ctx.todo([*grid, "heads"], done),
-            desc="mqar cells",
-            unit="cell",
-            disable=not ctx.show_progress,
-        ):
-            if unit == "heads":
-                base = run_mqar(model, hprobe, batch_size=c.batch_size, score_heads=True)
-                rec = {
-                    "recall": base.recall.tolist(),
-                    "correct": base.correct.int().tolist(),
-                    "correct_pool": base.correct_pool.int().tolist(),
-                }
-                ctx.append(HEADS, rec)
-                continue
-            n, gap = unit
-            probe = probes(n, gap, c.examples)
-            res = run_mqar(model, probe, batch_size=c.batch_size)
-            rec = {
-                "n_pairs": n,
-                "gap": gap,
-                "tokens": int(probe.ids.shape[1]),
-                "correct": res.correct.int().tolist(),
-                "correct_pool": res.correct_pool.int().tolist(),
-                "distance": res.gaps.tolist(),
-            }
-            ctx.append(CELLS, rec)
-        ctx.wait("grid_s", since=t1)  # also waits for every rank's shard
+        heads_cell = cells(hn, hgap, c.head_examples, salt=1)
+        # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
+        grid = [(n, g) for g in c.gaps for n in c.pairs]
+        _run_cells(model, c, ctx, cells, grid, heads_cell)
 
         # 2. Recall heads on the heads cell (every rank reads the one record).
         t2 = time.perf_counter()
@@ -241,69 +187,35 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         base = MQARResult(
             torch.tensor(rec["correct"]).bool(),
             torch.tensor(rec["correct_pool"]).bool(),
-            hprobe.gaps(),
+            heads_cell.gaps(),
             recall,
         )
-        scores = recall_scores(
-            recall, hprobe.query_pos.numel(), n_kv_heads=model.n_kv_heads, n_pairs=hn, gap=hgap
-        )
+        n_queries = heads_cell.query_pos.numel()
+        scores = recall_scores(recall, n_queries, n_kv_heads=model.n_kv_heads, n_pairs=hn, gap=hgap)
         ctx.timings["heads_s"] = time.perf_counter() - t2
 
-        # 3. Masking: the top-k recall heads against random sets of as many other heads.
-        t3 = time.perf_counter()
+        # 3. Masking: the top-k recall heads against random sets of as many other heads (the
+        # unmasked baseline is the heads cell's own run).
         top = scores.top("query_to_value", c.top_k)
         recall_heads = [(int(r.layer), int(r.head)) for r in top.itertuples()]
-        sets = {"recall heads": recall_heads}
-        others = random_head_sets(
-            model.n_layers, model.n_heads, c.top_k, c.random_sets, exclude=recall_heads, seed=c.seed
+        check = MaskingCheck.draw(model, recall_heads, c.random_sets, seed=c.seed)
+        masked = ctx.run_conditions(
+            MASKS,
+            check.conditions(baseline=False),
+            lambda heads: _masked_accuracy(model, heads_cell, heads, c),
+            timing="masking_s",
         )
-        for i, s in enumerate(others):
-            sets[f"random {i + 1}"] = s
-        masked = ctx.done(MASKS, key=lambda r: r["name"])
-        for name in tqdm(
-            ctx.todo(list(sets), masked), desc="masking", unit="set", disable=not ctx.show_progress
-        ):
-            hs = sets[name]
-            res = run_mqar(
-                model, hprobe, batch_size=c.batch_size, hooks=[HeadMask(hs, c.mask_mode)]
-            )
-            ctx.append(
-                MASKS,
-                {
-                    "name": name,
-                    "heads": hs,
-                    "accuracy": res.accuracy,
-                    "accuracy_pool": res.accuracy_pool,
-                },
-            )
-        ctx.wait("masking_s", since=t3)
-        cell_recs = ctx.collect(CELLS, grid, key=lambda r: (r["n_pairs"], r["gap"]))
-        if cell_recs is None:
+        if masked is None:
             return None
+        cell_recs = ctx.collect(CELLS, grid, key=lambda r: (r["n_pairs"], r["gap"]))
         ctx.collect(HEADS, ["heads"], key=lambda r: "heads")
-        by_name = {r["name"]: r for r in ctx.collect(MASKS, list(sets), key=lambda r: r["name"])}
         acc = accuracy_table(cell_recs)
-        rand = [by_name[n]["accuracy"] for n in sets if n != "recall heads"]
-        rand_pool = [by_name[n]["accuracy_pool"] for n in sets if n != "recall heads"]
-        masking = {
-            "cell": {"n_pairs": hn, "gap": hgap, "examples": c.head_examples},
-            "mode": c.mask_mode,
-            "baseline": base.accuracy,
-            "baseline_pool": base.accuracy_pool,
-            "recall_heads": recall_heads,
-            "masked": by_name["recall heads"]["accuracy"],
-            "masked_pool": by_name["recall heads"]["accuracy_pool"],
-            "random": rand,
-            "random_pool": rand_pool,
-            "random_mean": float(np.mean(rand)) if rand else None,
-            "random_pool_mean": float(np.mean(rand_pool)) if rand_pool else None,
-            "random_sets": [sets[n] for n in sets if n != "recall heads"],
-        }
+        masking = masking_summary(check, masked, base, recall_heads, c)
         ctx.write("accuracy.csv", acc)
         ctx.write("distance.csv", distance_table(cell_recs))
         ctx.write("masking.json", masking)
         summary = {
-            "layout": "abstract" if probes.trained is not None else c.layout,
+            "layout": "abstract" if cells.trained is not None else c.layout,
             "accuracy_overall": float(acc["accuracy"].mean()),
             "recall_heads": recall_heads,
             "metrics": RECALL_METRICS,
@@ -317,6 +229,97 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         import pandas as pd
 
         show(pd.read_csv(run.path / "accuracy.csv"), run.scores(), run.json("masking.json"), top)
+
+
+def _check_sizes(model, c: MQARConfig, cells: CellBuilder) -> None:
+    """Enough distinct keys for the largest cell, fewer masked heads than the model has, and
+    every cell's examples inside the model's context."""
+    most = max(*c.pairs, c.heads_cell[0])
+    require(most <= cells.n_keys, f"{most} pairs exceed the {cells.n_keys} distinct keys available")
+    n_heads_total = model.n_layers * model.n_heads
+    require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
+    kv = cells.trained is None and c.layout == "kv"
+    for n in {*c.pairs, c.heads_cell[0]}:
+        for gap in {*c.gaps, c.heads_cell[1]}:
+            length = c.tokens_per_pair * n + 2 * n * kv + gap + 1
+            if length > model.max_context:
+                raise HeadhuntError(
+                    f"N={n}, gap={gap} makes {length}-token examples, longer than the "
+                    f"model's context ({model.max_context})"
+                )
+
+
+def _run_cells(model, c: MQARConfig, ctx, cells: CellBuilder, grid, heads_cell) -> None:
+    """This rank's share of the grid cells and the heads cell, each saved as it finishes."""
+    from tqdm import tqdm
+
+    from headhunt.heads.mqar import run_mqar
+
+    t1 = time.perf_counter()
+    done = ctx.done(CELLS, key=lambda r: (r["n_pairs"], r["gap"]))
+    if ctx.records(HEADS):
+        done.add("heads")
+    if done:
+        ctx.say(
+            f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)"
+        )
+    units = ctx.todo([*grid, "heads"], done)
+    for unit in tqdm(units, desc="mqar cells", unit="cell", disable=not ctx.show_progress):
+        if unit == "heads":
+            base = run_mqar(model, heads_cell, batch_size=c.batch_size, score_heads=True)
+            rec = {
+                "recall": base.recall.tolist(),
+                "correct": base.correct.int().tolist(),
+                "correct_pool": base.correct_pool.int().tolist(),
+            }
+            ctx.append(HEADS, rec)
+            continue
+        n, gap = unit
+        examples = cells(n, gap, c.examples)
+        res = run_mqar(model, examples, batch_size=c.batch_size)
+        rec = {
+            "n_pairs": n,
+            "gap": gap,
+            "tokens": int(examples.ids.shape[1]),
+            "correct": res.correct.int().tolist(),
+            "correct_pool": res.correct_pool.int().tolist(),
+            "distance": res.gaps.tolist(),
+        }
+        ctx.append(CELLS, rec)
+    ctx.wait("grid_s", since=t1)  # also waits for every rank's shard
+
+
+def _masked_accuracy(model, heads_cell, heads, c: MQARConfig) -> dict[str, Any]:
+    """Accuracy on the heads cell with ``heads`` masked (one masking condition's record)."""
+    from headhunt.heads.masking import HeadMask
+    from headhunt.heads.mqar import run_mqar
+
+    hooks = [HeadMask(heads, c.mask_mode)]
+    res = run_mqar(model, heads_cell, batch_size=c.batch_size, hooks=hooks)
+    return {"heads": heads, "accuracy": res.accuracy, "accuracy_pool": res.accuracy_pool}
+
+
+def masking_summary(check, masked: dict, base, recall_heads, c: MQARConfig) -> dict[str, Any]:
+    """masking.json: the heads cell's accuracy unmasked, with the recall heads masked and with
+    each random set masked (argmax over the vocabulary, and over the value pool)."""
+    import numpy as np
+
+    rand = [masked[n]["accuracy"] for n in check.random_names()]
+    rand_pool = [masked[n]["accuracy_pool"] for n in check.random_names()]
+    return {
+        "cell": {"n_pairs": c.heads_cell[0], "gap": c.heads_cell[1], "examples": c.head_examples},
+        "mode": c.mask_mode,
+        "baseline": base.accuracy,
+        "baseline_pool": base.accuracy_pool,
+        "recall_heads": recall_heads,
+        "masked": masked["top"]["accuracy"],
+        "masked_pool": masked["top"]["accuracy_pool"],
+        "random": rand,
+        "random_pool": rand_pool,
+        "random_mean": float(np.mean(rand)) if rand else None,
+        "random_pool_mean": float(np.mean(rand_pool)) if rand_pool else None,
+        "random_sets": check.random_sets,
+    }
 
 
 def accuracy_table(cells: list[dict]):

@@ -3,7 +3,6 @@ Face folder, and (with --evaluate) measure it against reverse and random pruning
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from headhunt.errors import HeadhuntError
@@ -145,21 +144,19 @@ trials); writes prune_eval.csv."""
             orders = pe.pruning_orders(scores, ev, model.n_kv_heads if by_kv else None, secondary)
             conds = pe.prune_conditions(orders, ev)
             m = pe.materials(model, ev)
-        keys = [f"{o}@{k:g}" for o, k in conds]
-        t1 = time.perf_counter()
-        done = ctx.done(RECORDS, key=lambda r: r["condition"])
-        for order, keep in ctx.todo(conds, done, key=lambda c: f"{c[0]}@{c[1]:g}"):
-            result = pe.measure_condition(model, orders, order, keep, m, ev)
-            ctx.append(RECORDS, {"condition": f"{order}@{keep:g}", "result": result})
-        ctx.wait("evaluate_s", since=t1)
-        records = ctx.collect(RECORDS, keys, key=lambda r: r["condition"]) if conds else []
+        plan = {f"{o}@{k:g}": (o, k) for o, k in conds}
+
+        def measure(cond: tuple[str, float]) -> dict:
+            return {"result": pe.measure_condition(model, orders, *cond, m, ev)}
+
+        records = ctx.run_conditions(RECORDS, plan, measure, timing="evaluate_s") if conds else {}
         if records is None:
             return None
         evaluation = None
         if conds:
             import pandas as pd
 
-            summary = pe.summarize(pd.DataFrame([r["result"] for r in records]))
+            summary = pe.summarize(pd.DataFrame([r["result"] for r in records.values()]))
             ctx.write("prune_eval.csv", summary)
             evaluation = summary.to_dict(orient="records")
         full = model_size(model)
