@@ -7,10 +7,10 @@ The public API gathers the pieces most users need::
     scores = hh.score_retrieval(model, hh.RetrievalConfig(lengths=[500, 1000]))
     scores.top("retrieval_score", 10)
 
-and one call makes a whole run directory of any method (in-memory model, nothing saved first)::
+and one call makes a whole run directory of any method (in-memory model, nothing saved first),
+with the same config class::
 
-    from headhunt.methods.sinks import SinksConfig
-    run = hh.run("sinks", SinksConfig(n_texts=2), model=model, out="runs/sinks")
+    run = hh.run("sinks", hh.SinksConfig(n_texts=2), model=model, out="runs/sinks")
     run.scores().top("hidden_sink_mass", 5)
 """
 
@@ -32,7 +32,16 @@ _EXPORTS = {
     "load_model": "headhunt.probes.hooked",
     "HookedModel": "headhunt.probes.hooked",
     "AttentionHook": "headhunt.probes.attention",
-    "RetrievalConfig": "headhunt.heads.retrieval",
+    "RetrievalConfig": "headhunt.heads.configs",
+    "SinksConfig": "headhunt.heads.configs",
+    "CalibrateConfig": "headhunt.heads.configs",
+    "NgramConfig": "headhunt.heads.configs",
+    "AblateConfig": "headhunt.methods.ablate",
+    "MQARConfig": "headhunt.methods.mqar",
+    "PruneConfig": "headhunt.methods.prune",
+    "KVEvalMethodConfig": "headhunt.methods.kv_eval",
+    "CircuitsRunConfig": "headhunt.methods.circuits",
+    "ProbeRunConfig": "headhunt.methods.probe",
     "score_retrieval": "headhunt.heads.retrieval",
     "mask_heads": "headhunt.heads.masking",
 }

@@ -1,9 +1,10 @@
 """The `headhunt` command line: one subcommand per method.
 
-A method in the registry (``headhunt.methods``) gets its subcommand from its config's fields
-(``headhunt/commands/method.py``); the commands that make no run (``app``, ``export``) live
-in ``headhunt/commands/<name>.py`` with ``add_parser(subparsers)`` (which sets ``func``). Heavy imports (torch, transformers) wait
-until a command runs, so ``--help`` stays fast.
+Every method in the registry (``headhunt.methods.METHODS``) gets its subcommand from its
+config's fields (``headhunt/commands/method.py``); the commands that make no run
+(:data:`OTHER_COMMANDS`) live in ``headhunt/commands/<name>.py`` with
+``add_parser(subparsers)`` (which sets ``func``). Heavy imports (torch, transformers) wait until
+a command runs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -19,21 +19,9 @@ from headhunt import __version__
 from headhunt.errors import HeadhuntError
 from headhunt.rundir import discard_unstarted_runs, open_runs, release_runs
 
-COMMANDS = [
-    "retrieval",
-    "ablate",
-    "sinks",
-    "calibrate",
-    "ngram",
-    "mqar",
-    "circuits",
-    "probe",
-    "prune",
-    "kv-eval",
-    "taskheads",
-    "export",
-    "app",
-]
+# The commands that are not methods (each a module of headhunt/commands); the methods' come
+# from the registry.
+OTHER_COMMANDS = ("export", "app")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -54,16 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser
     )
     from headhunt import methods
+    from headhunt.commands import method
 
-    for name in COMMANDS:
-        if name in methods.METHODS:  # made by the run engine from the method's config
-            from headhunt.commands import method
-
-            method.add_parser(sub, methods.get(name))
-            continue
-        module = f"headhunt.commands.{name}"
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module).add_parser(sub)
+    for name in methods.METHODS:  # made by the run engine from the method's config
+        method.add_parser(sub, methods.get(name))
+    for name in OTHER_COMMANDS:
+        importlib.import_module(f"headhunt.commands.{name}").add_parser(sub)
     return parser
 
 

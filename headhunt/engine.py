@@ -327,7 +327,7 @@ def run(
     if config is None:
         config = m.Config()
     elif isinstance(config, dict):
-        config = m.Config.from_dict(config)
+        config = m.Config.from_options(config)
     elif not isinstance(config, m.Config):
         raise HeadhuntError(f"{method} takes a {m.Config.__name__}, not {type(config).__name__}")
     if seed is None:

@@ -19,7 +19,7 @@ rule is not published, so this one is ours and stated here):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -29,58 +29,10 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.act import ActConfig, act_calibration
+from headhunt.heads.configs import CalibrateConfig  # noqa: F401  (its config)
 from headhunt.heads.scores import Head
 from headhunt.heads.tasks import Task
 from headhunt.probes.hooked import HookedModel
-
-
-@dataclass
-class CalibrateConfig:
-    """Settings of a calibration run.
-
-    Attributes:
-        n_calib, n_dev: items in the calibration and dev splits.
-        n_test: items in the test split (None: all the rest).
-        max_heads: candidates screened (those with the largest movable sink mass).
-        exclude_layers: layers never calibrated (None: 0, 1 and the last, as in ACT).
-        beta, tau, min_queries: the calibration (see :class:`~headhunt.heads.act.ActConfig`).
-        batch_size: prompts per forward pass.
-        bootstrap: resamples of the test items for the confidence intervals.
-        seed: seeds the split and the bootstrap.
-    """
-
-    n_calib: int = 100
-    n_dev: int = 100
-    n_test: int | None = None
-    max_heads: int = 24
-    exclude_layers: list[int] | None = None
-    beta: float = 0.4
-    tau: float = 0.1
-    min_queries: int = 1
-    batch_size: int = 16
-    bootstrap: int = 2000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_heads < 1 or self.batch_size < 1 or self.bootstrap < 100:
-            raise HeadhuntError("max_heads and batch_size must be >= 1, bootstrap >= 100")
-        self.act()  # validates beta, tau, min_queries
-
-    def act(self) -> ActConfig:
-        return ActConfig(beta=self.beta, tau=self.tau, min_queries=self.min_queries)
-
-    def excluded(self, n_layers: int) -> list[int]:
-        if self.exclude_layers is None:
-            return sorted({0, 1, n_layers - 1} & set(range(n_layers)))
-        return sorted(set(self.exclude_layers))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CalibrateConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass

@@ -35,7 +35,7 @@ grows with n x (number of matches), never n^2.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -45,49 +45,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.configs import K_LIMIT, NgramConfig  # noqa: F401  (its config)
 from headhunt.heads.scores import HeadScores
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
-
-K_LIMIT = 8  # the largest order the scorer accepts
-
-
-@dataclass
-class NgramConfig:
-    """Options of the n-gram / induction scorer.
-
-    Attributes:
-        k_max: the largest k-gram order scored (1..8; the issue's range is 1..4).
-        order_contrast: contrast a head needs at order k to be called order >= k (0.5 means a
-            full-match key gets at least 3x the attention of a (k-1)-only key).
-        order_mass: attention mass on the full k-gram matches a head needs at that order.
-        min_queries: fewest queries with both kinds of keys for a contrast to be reported.
-        exclude_bos: TransformerLens option: drop attention to key 0 from both sums.
-        exclude_current_token: TransformerLens option: drop attention to the query's own key.
-        chunk_pairs: (query, key) pairs gathered per kernel call (bounds transient memory).
-    """
-
-    k_max: int = 4
-    order_contrast: float = 0.5
-    order_mass: float = 0.1
-    min_queries: int = 5
-    exclude_bos: bool = False
-    exclude_current_token: bool = False
-    chunk_pairs: int = 1 << 15
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k_max <= K_LIMIT:
-            raise HeadhuntError(f"k must be in 1..{K_LIMIT}, got k_max={self.k_max}")
-        if self.chunk_pairs < 1:
-            raise HeadhuntError("chunk_pairs must be positive")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NgramConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from headhunt.errors import HeadhuntError
+from headhunt.heads.configs import MAX_TRIALS, RetrievalConfig  # noqa: F401  (its config)
 from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
 from headhunt.heads.scores import HeadScores
 from headhunt.probes.capture import Decoded, greedy_decode
@@ -40,66 +39,6 @@ METRIC = "retrieval_score"
 # Checks on fresh trials (ablation, pruning, KV-cache evaluation) draw their needles from the
 # seed plus this offset: another stream than any scoring run's, so other answers and offsets.
 FRESH_SEED_OFFSET = 1_000_003
-
-
-@dataclass
-class RetrievalConfig:
-    """The needle-in-a-haystack grid.
-
-    Attributes:
-        lengths: prompt lengths in tokens (frame, haystack, needle and question together).
-        depths: needle depths in percent of the haystack (0 = start, 100 = end).
-        needles: needle templates (see :data:`headhunt.heads.needles.NEEDLES`); each
-            (length, depth) cell gets one trial per needle and repeat, answers drawn at random.
-        repeats: trials per (length, depth, needle).
-        max_new_tokens: decoding budget (stops earlier at a newline or end of turn).
-        batch_size: trials decoded together; 0 picks by device and length.
-        seed: seeds haystack offsets and answers.
-        haystack: a text file, or None for the bundled corpus.
-        threshold: heads whose score exceeds it are called retrieval heads.
-        min_recall: a trial counts when the response's ROUGE-1 recall of the answer exceeds it.
-    """
-
-    lengths: list[int] = field(default_factory=lambda: [500, 1000, 2000])
-    depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
-    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
-    repeats: int = 1
-    max_new_tokens: int = 24
-    batch_size: int = 0
-    seed: int = 0
-    haystack: str | None = None
-    threshold: float = 0.1
-    min_recall: float = 0.5
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RetrievalConfig:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-    def validate(self, model: HookedModel | None = None) -> None:
-        """Raise a one-line error for a grid that cannot run (on ``model``, when given)."""
-        if not self.lengths or not self.depths or not self.needles:
-            raise HeadhuntError("lengths, depths and needles must each list at least one value")
-        unknown = [n for n in self.needles if n not in NEEDLES]
-        if unknown:
-            raise HeadhuntError(f"unknown needle {unknown[0]!r} (choose from {', '.join(NEEDLES)})")
-        bad = [d for d in self.depths if not 0 <= d <= 100]
-        if bad:
-            raise HeadhuntError(f"depth {bad[0]} is outside 0..100 (percent)")
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise HeadhuntError("repeats and max_new_tokens must be at least 1")
-        for n in self.lengths:
-            if n < 64:
-                raise HeadhuntError(
-                    f"length {n} is too short for a needle-in-a-haystack trial (min 64)"
-                )
-            if model is not None and n + self.max_new_tokens > model.max_context:
-                raise HeadhuntError(
-                    f"length {n} plus {self.max_new_tokens} new tokens exceeds the model's context "
-                    f"of {model.max_context} tokens"
-                )
 
 
 def build_trials(model: HookedModel, config: RetrievalConfig) -> list[Trial]:

@@ -28,7 +28,6 @@ Definitions (per text, per layer and query head):
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -40,52 +39,10 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.configs import SinksConfig
 from headhunt.heads.scores import HeadScores
 from headhunt.probes.capture import capture_attention_stats, capture_stats_and_counts
 from headhunt.probes.hooked import HookedModel
-
-
-@dataclass
-class SinkConfig:
-    """Settings of the sink analysis.
-
-    Attributes:
-        tau: a key is a sink of a head when its ``s_j`` exceeds this (ACT's 0.1).
-        min_queries: a key must be seen by at least this many queries to be judged.
-        min_query_share: ... and by at least this share of the text's queries.
-        eps: the Sink_eps threshold on ``s_0`` (Gu et al.'s 0.3).
-        eps_tokens: prefix length T on which Sink_eps is measured (Gu et al.'s 64).
-        massive_top: how many top |activations| to keep per layer.
-    """
-
-    tau: float = 0.1
-    min_queries: int = 32
-    min_query_share: float = 0.1
-    eps: float = 0.3
-    eps_tokens: int = 64
-    massive_top: int = 3
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.tau < 1.0:
-            raise HeadhuntError(f"tau must be in (0, 1), got {self.tau}")
-        if not 0.0 < self.eps < 1.0:
-            raise HeadhuntError(f"eps must be in (0, 1), got {self.eps}")
-        if self.min_queries < 1 or self.eps_tokens < 2 or self.massive_top < 1:
-            raise HeadhuntError("min_queries, massive_top must be >= 1 and eps_tokens >= 2")
-        if not 0.0 <= self.min_query_share < 1.0:
-            raise HeadhuntError(f"min_query_share must be in [0, 1), got {self.min_query_share}")
-
-    def min_count(self, n: int) -> int:
-        """Queries a key of an n-token text needs behind it to be judged."""
-        return max(self.min_queries, math.ceil(self.min_query_share * n))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SinkConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass
@@ -196,11 +153,11 @@ def _last_position_logits(model: HookedModel) -> Iterator[None]:
 def analyze_text(
     model: HookedModel,
     ids: Int[Tensor, " n"],
-    config: SinkConfig | None = None,
+    config: SinksConfig | None = None,
     index: int = 0,
 ) -> TextSinks:
     """Sinks of one text: one statistics forward over the text, one over its T-prefix."""
-    cfg = config or SinkConfig()
+    cfg = config or SinksConfig()
     ids = ids.reshape(-1)
     n = int(ids.numel())
     if n < 2:
@@ -247,10 +204,10 @@ def analyze_text(
 def summarize(
     texts: Sequence[TextSinks],
     model: HookedModel,
-    config: SinkConfig | None = None,
+    config: SinksConfig | None = None,
 ) -> SinkResult:
     """Aggregate per-text findings into the scores table, sink and token tables, summary."""
-    cfg = config or SinkConfig()
+    cfg = config or SinksConfig()
     if not texts:
         raise HeadhuntError("no texts to summarise")
     n_layers, _n_heads, n_kv = model.n_layers, model.n_heads, model.n_kv_heads
@@ -351,7 +308,7 @@ _GA: dict[str, Any] = {"include_groups": False}  # groupby.apply without the key
 
 
 def _token_summary(
-    texts: Sequence[TextSinks], sinks: pd.DataFrame, decode: Callable[[int], str], cfg: SinkConfig
+    texts: Sequence[TextSinks], sinks: pd.DataFrame, decode: Callable[[int], str], cfg: SinksConfig
 ) -> pd.DataFrame:
     occurrences: dict[str, int] = {}
     for t in texts:

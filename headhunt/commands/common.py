@@ -13,7 +13,13 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows every default."""
+    """--help shows every value's default; a flag that takes no value (``--resume``,
+    ``--no-bos``) says what giving it does, not the default of what it sets."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_command(
@@ -45,7 +51,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16",
     )
-    g.add_argument("--seed", type=int, default=0, help="random seed")
+    g.add_argument("--seed", type=seed, default=0, help="random seed (0 to 2**32 - 1)")
     g.add_argument(
         "--trust-remote-code", action="store_true", help="allow a model folder's own code to run"
     )
@@ -83,6 +89,19 @@ def finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type for a seed: an integer that numpy, torch and ``random`` all take."""
+    from headhunt.config import SEED_MAX
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..{SEED_MAX}")
     return value
 
 

@@ -93,8 +93,10 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
     units = "masking conditions"
 
     def parameters(self, config: AblateConfig, model: str) -> dict[str, Any]:
+        trials = config.trials().to_dict()
+        trials.pop("kv_aggregate")  # the scoring run's option; no part of an ablation
         return {
-            **config.trials().to_dict(),
+            **trials,
             "model": model,
             "scores": str(Path(config.scores).expanduser()),
             "top_k": config.top_k,

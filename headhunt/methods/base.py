@@ -1,22 +1,27 @@
 """What a method is: a name, a config dataclass, a default metric, ``run(model, config, ctx)``,
 and what the dashboard shows of its runs (a head's spread over its units, its own panels).
 
-A config is a dataclass of :func:`option` fields deriving from :class:`MethodConfig`, which gives
-every method the same ``to_dict`` / ``from_dict`` / ``validate`` and lets the CLI make one flag
-per field (``max_new_tokens`` -> ``--max-new-tokens``) from the field's metadata: its help, its
-bounds (``min``, ``max``, ``below``: checked by ``validate`` with a one-line error that names the
-flag), its ``choices``, and for a list its item type (given on the command line comma-separated).
+A config is a dataclass of :func:`~headhunt.config.option` fields deriving from
+:class:`~headhunt.config.MethodConfig` (``headhunt/config.py``): one class per method, the
+library's config and the method's at once, whose fields' metadata make the CLI's flags.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from headhunt.config import (  # noqa: F401  (a method module imports them from here)
+    MethodConfig,
+    default_of,
+    flag_name,
+    is_list,
+    item_type,
+    option,
+)
 from headhunt.errors import HeadhuntError
 
 if TYPE_CHECKING:
@@ -41,123 +46,6 @@ def require(condition: bool, message: str) -> None:
     """Raise the one-line error ``message`` unless ``condition``."""
     if not condition:
         raise HeadhuntError(message)
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    type: Any = None,
-    min: float | None = None,
-    max: float | None = None,
-    below: float | None = None,
-    choices: tuple | None = None,
-    flag: str | None = None,
-    cli: bool = True,
-) -> Any:
-    """A config field with what the CLI and ``validate`` need to know.
-
-    Args:
-        default: the default (a list default makes a comma-separated flag).
-        help: one line for ``--help``.
-        type: the value's type (the item type for lists) when the default does not tell
-            (``None`` defaults).
-        min, max: inclusive bounds (each item of a list); ``below``: exclusive upper bound.
-        choices: the allowed values.
-        flag: the flag's name when it is not the field's (``--no-bos`` for ``bos``).
-        cli: False for fields the command line does not set.
-    """
-    meta = {"help": help, "type": type, "min": min, "max": max, "below": below}
-    meta.update({"choices": choices, "flag": flag, "cli": cli})
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def flag_name(f) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-def is_list(f) -> bool:
-    """A field given comma-separated on the command line."""
-    default = f.default_factory() if f.default is MISSING else f.default
-    return isinstance(default, list) or str(f.type).startswith("list[")
-
-
-def item_type(f) -> Any:
-    """The type of a field's value (of its items, for a list)."""
-    if f.metadata.get("type") is not None:
-        return f.metadata["type"]
-    default = f.default_factory() if f.default is MISSING else f.default
-    if isinstance(default, list):
-        return type(default[0]) if default else str
-    return type(default)
-
-
-@dataclass
-class MethodConfig:
-    """The shared base of every method's config: dict round trip and validation."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]):
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise HeadhuntError(f"{cls.__name__} has no option {unknown[0]!r}")
-        return cls(**d)
-
-    def validate(self) -> None:
-        """Check every field against its metadata; raise a one-line error naming the flag."""
-        for f in fields(self):
-            value, name = getattr(self, f.name), flag_name(f)
-            for v in value if isinstance(value, list) else [value]:
-                _check_value(f, name, v)
-
-    def check(self) -> None:
-        """Checks across fields and of input files (override); run after :meth:`validate`,
-        before the model loads."""
-
-    def to_argv(self) -> list[str]:
-        """The command-line flags that give this config (``seed`` aside: it is ``--seed``)."""
-        argv: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "seed" or not f.metadata.get("cli", True) or value is None:
-                continue
-            if isinstance(value, bool):
-                default = f.default
-                if value != default:
-                    argv.append(flag_name(f))
-                continue
-            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            argv += [flag_name(f), text]
-        return argv
-
-
-def _copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else value
-
-
-def _check_value(f, name: str, v: Any) -> None:
-    meta = f.metadata
-    if v is None:
-        return
-    if isinstance(v, float) and not math.isfinite(v):
-        raise HeadhuntError(f"{name} must be a finite number, got {v}")
-    if meta.get("choices") is not None and v not in meta["choices"]:
-        raise HeadhuntError(f"unknown {name} {v!r} (use {', '.join(map(str, meta['choices']))})")
-    lo, hi, below = meta.get("min"), meta.get("max"), meta.get("below")
-    if lo is not None and hi is not None and not lo <= v <= hi:
-        raise HeadhuntError(f"{name} must be in [{lo}, {hi}], got {v}")
-    if lo is not None and v < lo:
-        raise HeadhuntError(f"{name} must be at least {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise HeadhuntError(f"{name} must be at most {hi}, got {v}")
-    if below is not None and v >= below:
-        raise HeadhuntError(f"{name} must be below {below}, got {v}")
 
 
 @dataclass(frozen=True)

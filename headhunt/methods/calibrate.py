@@ -7,54 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.heads.configs import CalibrateConfig
+from headhunt.methods.base import Method, print_table, require
 
 RECORDS = "records.jsonl"
-
-
-@dataclass
-class CalibrateRunConfig(MethodConfig):
-    """A calibration run: the task and its split, the search (:class:`CalibrateConfig`)."""
-
-    task: str = option("sentiment", "bundled task or a JSONL file")
-    n_calib: int = option(100, "items in the calibration split")
-    n_dev: int = option(100, "items in the dev split")
-    n_test: int | None = option(None, "items in the test split (all rest)", type=int)
-    batch_size: int = option(16, "prompts per forward pass")
-    heads: str | None = option(None, "apply a saved head set instead of searching", type=str)
-    max_heads: int = option(24, "candidate heads screened")
-    exclude_layers: list[int] | None = option(
-        None, "layers never calibrated (default: 0, 1 and the last)", type=int
-    )
-    beta: float = option(0.4, "factor on hidden-sink attention")
-    tau: float = option(0.1, "s_j threshold of a sink")
-    min_queries: int = option(
-        1, "rows that must have seen a key before it can be a sink (1: the reference rule)"
-    )
-    bootstrap: int = option(2000, "bootstrap resamples")
-    seed: int = option(0, "random seed", cli=False)
-
-    def search(self):
-        from headhunt.heads import calibrate as C
-
-        d = self.to_dict()
-        for k in ("task", "heads"):
-            d.pop(k)
-        return C.CalibrateConfig(**d)
-
-    def check(self) -> None:
-        from headhunt.heads.tasks import load_task, split_task
-
-        config = self.search()
-        task = load_task(self.task)  # bad task files fail before the model loads
-        split_task(len(task.items), config.n_calib, config.n_dev, config.n_test, config.seed)
-        if self.heads:
-            read_heads(self.heads)
 
 
 def read_heads(spec: str) -> list[tuple[int, int]]:
@@ -87,7 +47,7 @@ def read_heads(spec: str) -> list[tuple[int, int]]:
 
 class Calibrate(Method):
     name = "calibrate"
-    Config = CalibrateRunConfig
+    Config = CalibrateConfig
     metric = "movable_sink_mass"
     help = "ACT attention calibration with held-out test"
     units = "screened heads"
@@ -103,19 +63,28 @@ text file of LAYER-HEAD pairs). Tasks: a bundled name or a JSONL file (see docs/
 Writes manifest.json, scores.parquet, records.jsonl, split.json, heads.json, result.json,
 test_items.parquet and calibrate.html."""
 
-    def parameters(self, config: CalibrateRunConfig, model: str) -> dict[str, Any]:
+    def prepare(self, config: CalibrateConfig) -> None:
+        from headhunt.heads.tasks import load_task, split_task
+
+        super().prepare(config)
+        task = load_task(config.task)  # bad task files fail before the model loads
+        split_task(len(task.items), config.n_calib, config.n_dev, config.n_test, config.seed)
+        if config.heads:
+            read_heads(config.heads)
+
+    def parameters(self, config: CalibrateConfig, model: str) -> dict[str, Any]:
         from headhunt.heads.tasks import load_task
 
         task = load_task(config.task)
         return {
-            **config.search().to_dict(),
+            **config.to_dict(),
             "model": model,
             "task": task.name,
             "task_sha256": _task_hash(task),
             "heads": read_heads(config.heads) if config.heads else None,
         }
 
-    def run(self, model, config_: CalibrateRunConfig, ctx):
+    def run(self, model, config: CalibrateConfig, ctx):
         import numpy as np
         from tqdm import tqdm
 
@@ -123,13 +92,12 @@ test_items.parquet and calibrate.html."""
         from headhunt.heads.scores import check_heads
         from headhunt.heads.tasks import load_task, split_task
 
-        config = config_.search()
-        task = load_task(config_.task)
+        task = load_task(config.task)
         split = split_task(
             len(task.items), config.n_calib, config.n_dev, config.n_test, config.seed
         )
         enc = C.encode_task(model, task)  # prompts longer than the context fail here
-        fixed = read_heads(config_.heads) if config_.heads else None
+        fixed = read_heads(config.heads) if config.heads else None
         if fixed is not None:
             check_heads(fixed, model.n_layers, model.n_heads)
         layers = [la for la in range(model.n_layers) if la not in config.excluded(model.n_layers)]

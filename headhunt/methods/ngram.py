@@ -4,90 +4,22 @@ whole batches."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import (
-    Method,
-    MethodConfig,
-    option,
-    print_table,
-    read_jsonl,
-    require,
-    spread_frame,
-)
-
-SOURCES = ("random", "planted", "natural")
+from headhunt.heads.configs import NgramConfig
+from headhunt.methods.base import Method, print_table, read_jsonl, spread_frame
 
 
-@dataclass
-class NgramRunConfig(MethodConfig):
-    """An n-gram run: the probe sequences and the scores (:class:`headhunt.heads.ngram.NgramConfig`)."""
+def natural_texts(config: NgramConfig) -> list[str] | None:
+    """The user's natural texts (None: the bundled essays, or no natural input)."""
+    from headhunt.heads.ngram_inputs import read_texts
 
-    inputs: list[str] = option(list(SOURCES), "probe kinds: random, planted, natural")
-    n_seqs: int = option(8, "random and planted sequences")
-    repeat_len: int = option(50, "random tokens per repeat")
-    repeats: int = option(2, "repeats of the random tokens")
-    planted_len: int = option(256, "tokens per planted sequence")
-    texts: str | None = option(
-        None,
-        'natural texts: a .txt file (one text) or .jsonl ({"text": ...} per line); default: '
-        "the bundled essays",
-        type=str,
-    )
-    text_tokens: int = option(512, "tokens per natural chunk")
-    n_texts: int = option(4, "natural chunks (at most)")
-    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
-    k_max: int = option(4, "largest k-gram order (1..8)")
-    exclude_bos: bool = option(False, "TransformerLens: drop attention to key 0")
-    exclude_current_token: bool = option(
-        False, "TransformerLens: drop attention to the query's own position"
-    )
-    order_contrast: float = option(0.5, "contrast of an order")
-    order_mass: float = option(0.1, "mass of an order")
-    min_queries: int = option(5, "queries behind a contrast")
-    batch_size: int = option(8, "sequences per forward")
-    seed: int = option(0, "random seed", cli=False)
-
-    def scores(self):
-        from headhunt.heads.ngram import NgramConfig
-
-        return NgramConfig(
-            k_max=self.k_max,
-            order_contrast=self.order_contrast,
-            order_mass=self.order_mass,
-            min_queries=self.min_queries,
-            exclude_bos=self.exclude_bos,
-            exclude_current_token=self.exclude_current_token,
-        )
-
-    def check(self) -> None:
-        bad = [s for s in self.inputs if s not in SOURCES]
-        require(not bad, f"unknown --inputs {bad} (use {', '.join(SOURCES)})")
-        require(1 <= self.k_max <= 8, f"--k-max must be in 1..8, got {self.k_max}")
-        require(self.n_seqs >= 1, "--n-seqs must be at least 1")
-        require(self.n_texts >= 1, "--n-texts must be at least 1")
-        require(
-            self.repeat_len >= 2 and self.repeats >= 2, "--repeat-len and --repeats must be >= 2"
-        )
-        require(self.planted_len >= 8, "--planted-len must be at least 8")
-        require(self.text_tokens >= 2, "--text-tokens must be at least 2")
-        require(self.batch_size >= 1, "--batch-size must be at least 1")
-        require(-1 <= self.order_contrast <= 1, "--order-contrast must be in [-1, 1]")
-        require(0 <= self.order_mass <= 1, "--order-mass must be in [0, 1]")
-        require(self.min_queries >= 1, "--min-queries must be at least 1")
-        self.natural_texts()  # a bad texts file fails before the model loads
-
-    def natural_texts(self) -> list[str] | None:
-        """The user's natural texts (None: the bundled essays, or no natural input)."""
-        from headhunt.heads.ngram_inputs import read_texts
-
-        return read_texts(self.texts) if self.texts and "natural" in self.inputs else None
+    return read_texts(config.texts) if config.texts and "natural" in config.inputs else None
 
 
-def build_inputs(model, config: NgramRunConfig, texts: list[str] | None) -> dict:
+def build_inputs(model, config: NgramConfig, texts: list[str] | None) -> dict:
     """The probe sequences of each requested kind (deterministic given the seed)."""
     from headhunt.heads.needles import default_haystack_text
     from headhunt.heads.ngram_inputs import (
@@ -151,7 +83,7 @@ def build_inputs(model, config: NgramRunConfig, texts: list[str] | None) -> dict
 
 class Ngram(Method):
     name = "ngram"
-    Config = NgramRunConfig
+    Config = NgramConfig
     metric = "induction"
     help = "n-gram, induction and previous-token heads"
     description = """Score every head as previous-token, duplicate-token and induction head
@@ -168,30 +100,23 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
     units = "batches of sequences"
     top = 10
 
-    def parameters(self, config: NgramRunConfig, model: str) -> dict[str, Any]:
-        return {
-            **config.scores().to_dict(),
-            "model": model,
-            "inputs": config.inputs,
-            "n_seqs": config.n_seqs,
-            "repeat_len": config.repeat_len,
-            "repeats": config.repeats,
-            "planted_len": config.planted_len,
-            "texts": str(Path(config.texts).resolve()) if config.texts else "bundled essays",
-            "text_tokens": config.text_tokens,
-            "n_texts": config.n_texts,
-            "bos": config.bos,
-            "seed": config.seed,
-        }
+    def prepare(self, config: NgramConfig) -> None:
+        super().prepare(config)
+        natural_texts(config)  # a bad texts file fails before the model loads
 
-    def run(self, model, config: NgramRunConfig, ctx):
+    def parameters(self, config: NgramConfig, model: str) -> dict[str, Any]:
+        d = config.to_dict()
+        del d["batch_size"]  # how sequences are batched does not change the numbers
+        texts = str(Path(config.texts).resolve()) if config.texts else "bundled essays"
+        return {**d, "model": model, "texts": texts}
+
+    def run(self, model, config: NgramConfig, ctx):
         from tqdm import tqdm
 
         from headhunt.heads.ngram import SeqRecord, plan_batches, score_sequences, summarize
         from headhunt.heads.scores import HeadScores
 
-        cfg = config.scores()
-        inputs = build_inputs(model, config, config.natural_texts())
+        inputs = build_inputs(model, config, natural_texts(config))
         # Whole batches are dealt over the ranks; a record keeps its sequence's index.
         for source, seqs in inputs.items():
             name = f"records-{source}.jsonl"
@@ -212,7 +137,7 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
                 score_sequences(
                     model,
                     [seqs[k] for k in batch],
-                    cfg,
+                    config,
                     batch_size=config.batch_size,
                     on_record=save,
                 )
@@ -228,12 +153,12 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
                 f"records-{source}.jsonl", list(range(len(seqs))), key=lambda r: r["index"]
             )
             recs = [SeqRecord.from_dict(r) for r in records]
-            scores = summarize(recs, cfg, n_kv_heads=model.n_kv_heads, source=source)
+            scores = summarize(recs, config, n_kv_heads=model.n_kv_heads, source=source)
             tables.append(scores)
             summary[source] = {
                 "sequences": len(seqs),
                 "tokens": sorted({len(s) for s in seqs}),
-                **_query_counts(scores, source, cfg.k_max),
+                **_query_counts(scores, source, config.k_max),
             }
         scores = HeadScores.concat(tables)
         ctx.write("orders.csv", order_frame(scores, list(inputs)))

@@ -5,59 +5,16 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from typing import Any
 
-from headhunt.methods.base import (
-    NEEDLE_TRIALS,
-    Method,
-    MethodConfig,
-    option,
-    print_table,
-    read_jsonl,
-    spread_frame,
-)
+from headhunt.heads.configs import RetrievalConfig
+from headhunt.methods.base import NEEDLE_TRIALS, Method, print_table, read_jsonl, spread_frame
 
 TRIALS = "trials.jsonl"
 
 
-@dataclass
-class RetrievalRunConfig(MethodConfig):
-    """A retrieval run: the trial grid (:class:`headhunt.heads.retrieval.RetrievalConfig`) and
-    how the KV-head table is folded."""
-
-    lengths: list[int] = option([500, 1000, 2000], "prompt lengths in tokens")
-    depths: list[float] = option([0.0, 25.0, 50.0, 75.0, 100.0], "needle depths in percent")
-    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
-    repeats: int = option(1, "trials per (length, depth, needle)")
-    max_new_tokens: int = option(24, "decoding budget per trial")
-    batch_size: int = option(0, "trials decoded together (0: auto)", min=0)
-    haystack: str | None = option(
-        None, "text file for the haystack (default: bundled essays)", type=str
-    )
-    threshold: float = option(0.1, "score above which a head is a retrieval head")
-    kv_aggregate: str = option(
-        "max", "how duo_attention.tsv folds query heads into their KV head", choices=("max", "mean")
-    )
-    seed: int = option(0, "random seed", cli=False)
-
-    def trials(self):
-        from headhunt.heads.retrieval import RetrievalConfig
-
-        d = self.to_dict()
-        d.pop("kv_aggregate")
-        return RetrievalConfig(**d)
-
-    def check(self) -> None:
-        from headhunt.heads.needles import read_haystack
-
-        self.trials().validate()
-        read_haystack(self.haystack)  # a bad haystack fails before the model loads
-
-
 class Retrieval(Method):
     name = "retrieval"
-    Config = RetrievalRunConfig
+    Config = RetrievalConfig
     metric = "retrieval_score"
     help = "score retrieval heads (needle in a haystack)"
     description = """Score every attention head's retrieval behaviour (Wu et al. 2024).
@@ -71,22 +28,24 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
     top = 20
     panels = frozenset({NEEDLE_TRIALS})
 
-    def parameters(self, config: RetrievalRunConfig, model: str) -> dict[str, Any]:
-        return {**config.trials().to_dict(), "model": model, "kv_aggregate": config.kv_aggregate}
+    def prepare(self, config: RetrievalConfig) -> None:
+        from headhunt.heads.needles import read_haystack
 
-    def run(self, model, config: RetrievalRunConfig, ctx):
+        super().prepare(config)
+        read_haystack(config.haystack)  # a bad haystack fails before the model loads
+
+    def run(self, model, config: RetrievalConfig, ctx):
 
         from headhunt.heads import retrieval as R
         from headhunt.plots import head_heatmap
 
-        grid = config.trials()
-        grid.validate(model)
-        trials = R.build_trials(model, grid)
+        config.validate(model)
+        trials = R.build_trials(model, config)
         # Whole decoding batches are dealt over the ranks; each keeps its trials in its shard.
         done = ctx.done(TRIALS, key=lambda r: r["id"])
         mine = [
             [t for t in b if t.id not in done]
-            for b in ctx.todo(R.plan_batches(model, trials, grid))
+            for b in ctx.todo(R.plan_batches(model, trials, config))
         ]
         if done:
             ctx.say(f"resuming: {len(done)} of {len(trials)} trials already done")
@@ -94,7 +53,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         R.run_trials(
             model,
             [],
-            grid,
+            config,
             batches=[b for b in mine if b],
             progress=ctx.show_progress,
             on_record=lambda r: ctx.append(TRIALS, r),
@@ -116,7 +75,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         ctx.extra["summary"] = {
             "trials": len(records),
             "counted_trials": sum(r["counted"] for r in records),
-            "retrieval_heads": int((mean > grid.threshold).sum()),
+            "retrieval_heads": int((mean > config.threshold).sum()),
             "heads": int(mean.size),
         }
         ctx.extra["interchange"] = {

@@ -4,65 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import (
-    Method,
-    MethodConfig,
-    option,
-    print_table,
-    read_jsonl,
-    require,
-    spread_frame,
-)
+from headhunt.heads.configs import SinksConfig
+from headhunt.methods.base import Method, print_table, read_jsonl, require, spread_frame
 
 RECORDS = "texts.jsonl"
-
-
-@dataclass
-class SinksConfig(MethodConfig):
-    """A sinks run: which texts, and the sink analysis (:class:`headhunt.heads.sinks.SinkConfig`)."""
-
-    texts: str | None = option(
-        None,
-        'a .txt file (one text) or .jsonl file ({"text": ...} per line); default: the bundled '
-        "essays",
-        type=str,
-    )
-    length: int | None = option(
-        None,
-        "tokens per text (texts are cut to it; bundled essays are joined to reach it; default "
-        "1024 for the essays, the whole text for --texts)",
-        type=int,
-        min=2,
-    )
-    n_texts: int = option(4, "texts to analyse (at most)", min=1)
-    tau: float = option(0.1, "s_j threshold of a sink")
-    min_queries: int = option(32, "queries that must see a key to judge it")
-    min_query_share: float = option(
-        0.1, "... and at least this share of the text's queries (the last 10%% is not judged)"
-    )
-    eps: float = option(0.3, "Sink_eps threshold on s_0")
-    eps_tokens: int = option(64, "prefix length T of Sink_eps")
-    seed: int = option(0, "random seed", cli=False)
-
-    def sinks(self):
-        from headhunt.heads.sinks import SinkConfig
-
-        return SinkConfig(
-            tau=self.tau,
-            min_queries=self.min_queries,
-            min_query_share=self.min_query_share,
-            eps=self.eps,
-            eps_tokens=self.eps_tokens,
-        )
-
-    def check(self) -> None:
-        self.sinks()  # its own range checks
-        read_texts(self.texts)  # bad files fail before the model loads (or processes start)
 
 
 def read_texts(path: str | None) -> list[str] | None:
@@ -156,22 +105,21 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
     units = "texts"
     top = 15
 
+    def prepare(self, config: SinksConfig) -> None:
+        super().prepare(config)
+        read_texts(config.texts)  # bad files fail before the model loads (or processes start)
+
     def parameters(self, config: SinksConfig, model: str) -> dict[str, Any]:
         texts = str(Path(config.texts).resolve()) if config.texts else "bundled essays"
-        return {
-            **config.sinks().to_dict(),
-            "model": model,
-            "texts": texts,
-            "length": config.length,
-            "n_texts": config.n_texts,
-        }
+        d = config.to_dict()
+        del d["seed"]  # the analysis draws nothing at random (and no earlier run recorded it)
+        return {**d, "model": model, "texts": texts}
 
     def run(self, model, config: SinksConfig, ctx):
         from tqdm import tqdm
 
         from headhunt.heads.sinks import TextSinks, analyze_text, plot, summarize
 
-        sinks = config.sinks()
         inputs = build_inputs(model, read_texts(config.texts), config.length, config.n_texts)
         # Texts are dealt over the ranks; each keeps its finished texts in its shard.
         done = ctx.done(RECORDS, key=lambda r: r["text"])
@@ -180,12 +128,12 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
         t1 = time.perf_counter()
         mine = ctx.todo(list(range(len(inputs))), done)
         for i in tqdm(mine, desc="texts", unit="text", disable=not ctx.show_progress):
-            ctx.append(RECORDS, analyze_text(model, inputs[i], sinks, index=i).to_dict())
+            ctx.append(RECORDS, analyze_text(model, inputs[i], config, index=i).to_dict())
         ctx.wait("texts_s", since=t1)
         records = ctx.collect(RECORDS, list(range(len(inputs))), key=lambda r: r["text"])
         if records is None:
             return None
-        result = summarize([TextSinks.from_dict(r) for r in records], model, sinks)
+        result = summarize([TextSinks.from_dict(r) for r in records], model, config)
         ctx.write("sinks.parquet", result.sinks)
         ctx.write("sink_tokens.csv", result.tokens)
         ctx.write("layers.csv", result.layers)

@@ -127,15 +127,15 @@ def sink_marks(model, ids: Sequence[int], layer: int, head: int, config=None) ->
     """
     import torch
 
-    from headhunt.heads.sinks import SinkConfig, analyze_text
+    from headhunt.heads.sinks import SinksConfig, analyze_text
 
     _check_head(model, layer, head)
-    cfg = config or SinkConfig()
+    cfg = config or SinksConfig()
     n = len(ids)
     if n < 2:
         raise HeadhuntError("need at least 2 tokens to look for sinks")
     if n < 2 * cfg.min_queries:
-        cfg = SinkConfig(**{**cfg.to_dict(), "min_queries": max(1, n // 2)})
+        cfg = SinksConfig(**{**cfg.to_dict(), "min_queries": max(1, n // 2)})
     found = analyze_text(model, torch.as_tensor(list(ids)), cfg)
     mine = {
         int(p): float(s) for la, h, p, s, *_ in found.sinks if int(la) == layer and int(h) == head

@@ -42,11 +42,11 @@ def test_head_attention_matches_the_models_own_attention_weights(eager):
 
 
 def test_sink_marks_follow_the_sinks_analyzer(eager):
-    from headhunt.heads.sinks import SinkConfig, analyze_text
+    from headhunt.heads.sinks import SinksConfig, analyze_text
 
     ids = eager.encode(TEXT * 6)  # long enough that the analyzer's own min_queries applies
     marks = hi.sink_marks(eager, ids.tolist(), 1, 2)
-    ref = analyze_text(eager, ids, SinkConfig())
+    ref = analyze_text(eager, ids, SinksConfig())
     assert marks.min_queries == 32
     assert marks.first_sink_mass == pytest.approx(ref.s0[1][2])
     assert marks.positions == sorted(int(p) for la, h, p, *_ in ref.sinks if (la, h) == (1, 2))

@@ -9,7 +9,7 @@ import pytest
 
 import headhunt as hh
 from headhunt.cli import main
-from headhunt.methods.sinks import SinksConfig
+from headhunt.heads.configs import SinksConfig
 
 WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
 

@@ -147,3 +147,21 @@ print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_registered_method_gets_its_subcommand(monkeypatch, tiny_folder, tmp_path, capsys):
+    """One registry line gives the toy its ``headhunt toy`` with a flag per config field and
+    the shared model / output options; the run directory equals ``headhunt.run``'s."""
+    from headhunt.cli import build_parser, main
+
+    monkeypatch.setitem(METHODS, "toy", f"{__name__}:Toy")
+    assert "toy" in build_parser().format_help()
+    out = tmp_path / "cli"
+    argv = ["toy", "--model", str(tiny_folder), "--device", "cpu", "--n-texts", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "run directory:" in capsys.readouterr().out
+    api = hh.run("toy", ToyConfig(n_texts=2), model_spec=str(tiny_folder), out=tmp_path / "api")
+    assert api.manifest["parameters"]["n_texts"] == 2
+    for name in ("toy.jsonl", "scores.parquet"):
+        assert (out / name).read_bytes() == (api.path / name).read_bytes(), name
+    assert main([*argv, "--n-texts", "0", "--out", str(tmp_path / "bad")]) == 2

@@ -21,6 +21,7 @@ def tweaked(config):
     for f in fields(config):
         default = f.default_factory() if f.default is MISSING else f.default
         kind = item_type(f)
+        lo = f.metadata.get("min")
         if not f.metadata.get("cli", True):
             value = 7 if kind is int else default
         elif kind is bool:
@@ -28,9 +29,11 @@ def tweaked(config):
         elif is_list(f):
             value = (default or [kind(1)])[:1]
         elif kind is int:
-            value = (default or 0) + 1
+            value = max((default or 0) + 1, lo or 0)  # within the field's bounds
         elif kind is float:
             value = round((default or 0.0) / 2 + 0.25, 4)
+        elif f.metadata.get("choices"):
+            value = f.metadata["choices"][-1] if default is None else default
         else:
             value = default if default is not None else "some/file.txt"
         values[f.name] = value

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.sinks import SinkConfig, TextSinks, analyze_text, plot, summarize
+from headhunt.heads.sinks import SinksConfig, TextSinks, analyze_text, plot, summarize
 from headhunt.probes.attention import AttentionHook
 
 TEXT = (
@@ -45,7 +45,7 @@ def ids(tiny):
 
 
 def test_planted_hidden_and_first_token_sinks_are_found(tiny, ids):
-    cfg = SinkConfig(min_queries=8, eps_tokens=32)
+    cfg = SinksConfig(min_queries=8, eps_tokens=32)
     assert len(ids) > 60
     with tiny.hooks(PlantSink(1, 2, 10), PlantSink(0, 1, 0)):
         text = analyze_text(tiny, ids, cfg)
@@ -99,43 +99,43 @@ def test_min_queries_rule_stops_the_last_keys_from_passing(tiny, ids):
     # keys pass tau = 0.1 without being sinks (the pitfall of the 1 / (N - j) normalisation).
     n = len(ids)
     with tiny.hooks(PlantPreviousToken(1, 1)):
-        loose_cfg = SinkConfig(min_queries=1, min_query_share=0.0)
+        loose_cfg = SinksConfig(min_queries=1, min_query_share=0.0)
         loose = summarize([analyze_text(tiny, ids, loose_cfg)], tiny)
-        strict = summarize([analyze_text(tiny, ids, SinkConfig(min_queries=16))], tiny)
-        shared = summarize([analyze_text(tiny, ids, SinkConfig(min_queries=1))], tiny)
+        strict = summarize([analyze_text(tiny, ids, SinksConfig(min_queries=16))], tiny)
+        shared = summarize([analyze_text(tiny, ids, SinksConfig(min_queries=1))], tiny)
     s = loose.sinks[(loose.sinks.layer == 1) & (loose.sinks["head"] == 1)]
     assert sorted(s.position) == list(range(n - 9, n - 1))  # the pitfall is real
     s = strict.sinks[(strict.sinks.layer == 1) & (strict.sinks["head"] == 1)]
     assert len(s) == 0
     assert (strict.sinks.position <= n - 16).all()
     # The share rule alone (10% of n: 8 queries) keeps only the keys seen by 8 or 9 queries.
-    need = SinkConfig(min_queries=1).min_count(n)
+    need = SinksConfig(min_queries=1).min_count(n)
     assert need == 8
     s = shared.sinks[(shared.sinks.layer == 1) & (shared.sinks["head"] == 1)]
     assert sorted(s.position) == list(range(n - 9, n - need + 1))
-    assert SinkConfig().min_count(1024) == 103 and SinkConfig().min_count(100) == 32
+    assert SinksConfig().min_count(1024) == 103 and SinksConfig().min_count(100) == 32
 
 
 def test_record_round_trip_plot_and_bad_input(tiny, ids, tmp_path: Path):
-    text = analyze_text(tiny, ids[:40], SinkConfig(min_queries=4), index=3)
+    text = analyze_text(tiny, ids[:40], SinksConfig(min_queries=4), index=3)
     back = TextSinks.from_dict(text.to_dict())
     assert back == text and back.text == 3
     assert len(text.massive) == tiny.n_layers and len(text.massive[0]) == 3 + 3
-    res = summarize([back, back], tiny, SinkConfig(min_queries=4))
+    res = summarize([back, back], tiny, SinksConfig(min_queries=4))
     assert set(res.scores.metrics) >= {"first_sink_mass", "hidden_sink_mass", "sink_eps"}
     fig = plot(res)
     assert len(fig.data) == 4 and fig.data[0].z.shape == (tiny.n_layers, tiny.n_heads)
     with pytest.raises(HeadhuntError, match="context"):
         analyze_text(tiny, torch.zeros(tiny.max_context + 1, dtype=torch.long))
     with pytest.raises(HeadhuntError, match="tau"):
-        SinkConfig(tau=1.5)
+        SinksConfig(tau=1.5)
 
 
 @pytest.mark.slow
 def test_embedded_model_first_token_and_hidden_sinks(smol):
     essay = (Path(__file__).parents[2] / "heads/data/haystack/a01.txt").read_text()
     ids = smol.encode(essay)[:160]
-    cfg = SinkConfig()
+    cfg = SinksConfig()
     res = summarize([analyze_text(smol, ids, cfg)], smol, cfg)
     # The first token is a sink in most heads; hidden sinks exist but are rarer.
     assert res.summary["first_sink_share_of_heads"] > 0.5
