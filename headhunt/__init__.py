@@ -42,6 +42,7 @@ _EXPORTS = {
     "KVEvalMethodConfig": "headhunt.methods.kv_eval",
     "CircuitsRunConfig": "headhunt.methods.circuits",
     "ProbeRunConfig": "headhunt.methods.probe",
+    "TaskHeadsConfig": "headhunt.methods.taskheads",
     "score_retrieval": "headhunt.heads.retrieval",
     "mask_heads": "headhunt.heads.masking",
 }

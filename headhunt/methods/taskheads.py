@@ -30,7 +30,7 @@ class TaskHeadsConfig(MethodConfig):
 
     task: str = option("multidoc", "bundled task", choices=("multidoc", "kv", "needle"))
     input: str | None = option(None, "a JSONL of your examples (replaces --task)", type=str)
-    examples: int = option(24, "bundled examples", min=2)
+    examples: int = option(24, "bundled examples", min=2, limit=100_000)
     score_examples: int = option(
         12, "the first examples score heads and give the mean-ablation reference", min=1
     )
@@ -46,7 +46,6 @@ class TaskHeadsConfig(MethodConfig):
     specificity: bool = option(
         True, "skip the closed-book specificity control", flag="--no-specificity"
     )
-    seed: int = option(0, "random seed", cli=False)
 
     def check(self) -> None:
         n = len(self.load()) if self.input else self.examples
