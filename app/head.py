@@ -10,7 +10,14 @@ import streamlit as st
 
 from headhunt import inspect as hi
 from headhunt.app import data, jobs
-from headhunt.app.views import Context, chosen_view, no_runs_message, scores_or_error
+from headhunt.app.views import (
+    Context,
+    chosen_view,
+    drawable_views,
+    go_to,
+    no_runs_message,
+    scores_or_error,
+)
 from headhunt.errors import HeadhuntError
 
 DEFAULT_PROMPT = (
@@ -36,6 +43,32 @@ def _load_model(spec: str):
     return None
 
 
+def check_shape(ctx: Context, model) -> str | None:
+    """Why ``model`` cannot stand for the run's model (another layer x head shape), or None:
+    a head of the run must be the same head of the model the on-demand views run."""
+    shape = ctx.entry.run.manifest.get("model", {}) if ctx.entry and ctx.entry.run else {}
+    want = (shape.get("n_layers"), shape.get("n_heads"))
+    if None in want or (int(want[0]), int(want[1])) == (model.n_layers, model.n_heads):
+        return None
+    return (
+        f"the model `{model.name}` has {model.n_layers} layers x {model.n_heads} heads, the run "
+        f"`{ctx.entry.name}` {want[0]} x {want[1]}: its heads are not the run's heads; clear "
+        "the sidebar's model override or give a model of the run's shape"
+    )
+
+
+def load_model_for(ctx: Context, spec: str):
+    """The model of the on-demand views, refused in one line when its shape is not the run's."""
+    model = _load_model(spec)
+    if model is None:
+        return None
+    problem = check_shape(ctx, model)
+    if problem is not None:
+        st.error(problem)
+        return None
+    return model
+
+
 # --------------------------------------------------------------------------- Head detail
 
 
@@ -55,6 +88,9 @@ def head_detail_page(ctx: Context) -> None:
     scores = scores_or_error(ctx.entry)
     if scores is None:
         return
+    note = hi.scores_note(ctx.entry.run)
+    if note is not None:
+        st.info(note)
     table = hi.head_table(scores, layer, head)
     if table.empty:
         st.warning(f"Run `{ctx.entry.name}` holds no scores for head {layer}-{head}.")
@@ -130,15 +166,27 @@ def _needle(ctx: Context, layer: int, head: int) -> None:
     fig.update_layout(height=320, yaxis_range=[0, 1])
     st.plotly_chart(fig, key="needle_bars")
     st.dataframe(trials, hide_index=True)
+    c1, c2 = st.columns([3, 2])
+    trial = c1.selectbox("trial", list(trials["trial"]), key="needle_trial_pick")
+    c2.button(
+        "Open this trial in the Head view",
+        key="needle_to_head_view",
+        on_click=go_to,
+        args=("Head view",),
+        kwargs={"hv_source": "trial", "hv_trial": trial},
+    )
 
 
 def _attention(ctx: Context, layer: int, head: int) -> None:
     st.subheader("Attention on a prompt")
     spec = model_spec(ctx)
-    text = st.text_area("prompt (short: at most 512 tokens)", DEFAULT_PROMPT, key="attn_prompt")
+    if "attn_prompt" not in st.session_state:
+        st.session_state["attn_prompt"] = DEFAULT_PROMPT
+    text = st.text_area("prompt (short: at most 512 tokens)", key="attn_prompt")
+    st.caption("A long prompt (up to the model's context): the Head view page.")
     marks = st.checkbox("mark sink tokens (sinks analyzer)", value=True, key="attn_sinks")
     if st.button("Compute attention", key="attn_go"):
-        model = _load_model(spec)
+        model = load_model_for(ctx, spec)
         if model is None:
             return
         try:
@@ -155,7 +203,10 @@ def _attention(ctx: Context, layer: int, head: int) -> None:
         return
     _, att, sinks = got
     n = len(att.tokens)
-    query = st.slider("query position", 0, n - 1, n - 1, key="attn_query") if n > 1 else 0
+    if not 0 <= st.session_state.get("attn_query", n - 1) < n:  # kept from a longer prompt
+        st.session_state["attn_query"] = n - 1
+    st.session_state.setdefault("attn_query", n - 1)
+    query = st.slider("query position", 0, n - 1, key="attn_query") if n > 1 else 0
     row = att.row(query)
     st.markdown(
         f"Attention of query {query} (`{att.tokens[query]!r}`) over the keys; the query is "
@@ -185,6 +236,8 @@ def _attention(ctx: Context, layer: int, head: int) -> None:
 
 # --------------------------------------------------------------------------- Interventions
 
+IV_DEFAULTS = {"iv_beta": 0.4, "iv_length": 400, "iv_depth": 50, "iv_seed": 0}
+
 
 def interventions_page(ctx: Context) -> None:
     st.header("Interventions")
@@ -203,19 +256,22 @@ def interventions_page(ctx: Context) -> None:
     )
     options: list[str] = []
     values: dict[str, float] = {}
-    views = hi.metric_views(scores)
+    views = drawable_views(scores, hi.metric_views(scores))
     if views:
         view = chosen_view(ctx.entry, views, "rank heads by")
         top = hi.top_heads(scores, view, 20)
         options = [f"{r.layer}-{r.head}" for r in top.itertuples()]
         values = {f"{r.layer}-{r.head}": r.value for r in top.itertuples()}
     run_key = str(ctx.entry.path)
+    # One picker per run and ranking: another run's heads never carry over, and a new ranking
+    # starts from its own top heads (a value outside the new options would be dropped).
+    pick_key = f"iv_top::{run_key}::{view.label if views else ''}"
     picked = st.multiselect(
         "heads from the run's top heads",
         options,
-        default=options[: min(3, len(options))],
+        default=None if pick_key in st.session_state else options[: min(3, len(options))],
         format_func=lambda h: f"{h} ({values[h]:.3g})",
-        key=f"iv_top::{run_key}",  # one picker per run: another run's heads never carry over
+        key=pick_key,
     )
     typed = st.text_input("or type heads (LAYER-HEAD, comma separated)", "", key="iv_typed")
     try:
@@ -223,17 +279,20 @@ def interventions_page(ctx: Context) -> None:
     except HeadhuntError as e:
         st.error(str(e))
         return
+    # Defaults in the session (not in the widgets): the values are kept across pages.
+    for key, value in IV_DEFAULTS.items():
+        st.session_state.setdefault(key, value)
     c1, c2, c3 = st.columns(3)
     how = c1.radio("intervention", ["mask", "act"], format_func=_how_label, key="iv_how")
     mode = c2.selectbox("mask mode", ["query", "output"], key="iv_mode", disabled=how != "mask")
-    beta = c3.slider("ACT beta", 0.0, 1.0, 0.4, 0.05, key="iv_beta", disabled=how != "act")
+    beta = c3.slider("ACT beta", 0.0, 1.0, step=0.05, key="iv_beta", disabled=how != "act")
     from headhunt.heads.needles import NEEDLES
 
     c1, c2, c3, c4 = st.columns(4)
     needle = c1.selectbox("needle", list(NEEDLES), key="iv_needle")
-    length = c2.number_input("prompt tokens", 64, 2000, 400, 50, key="iv_length")
-    depth = c3.slider("needle depth %", 0, 100, 50, 5, key="iv_depth")
-    seed = c4.number_input("seed", 0, 10_000, 0, key="iv_seed")
+    length = c2.number_input("prompt tokens", 64, 2000, step=50, key="iv_length")
+    depth = c3.slider("needle depth %", 0, 100, step=5, key="iv_depth")
+    seed = c4.number_input("seed", 0, 10_000, key="iv_seed")
     control = st.checkbox(
         "also intervene on as many random heads (a control: does any set of heads do this?)",
         key="iv_control",
@@ -254,7 +313,7 @@ def interventions_page(ctx: Context) -> None:
         control=bool(control),
     )
     if st.button(f"Answer before and after ({label})", key="iv_go", disabled=not heads):
-        model = _load_model(spec)
+        model = load_model_for(ctx, spec)
         if model is None:
             return
         jobs.start(
@@ -308,10 +367,7 @@ def _show_intervention(request: Request) -> None:
     if job is None:
         other = jobs.running_elsewhere("intervention", request)
         if other is not None:
-            st.info(
-                "An intervention for other settings (run, heads or prompt) is still running "
-                f"({other.status}); its result is kept for those settings."
-            )
+            _running_elsewhere(other)
         st.caption(
             f"Runs `{request.spec}` on demand (greedy decoding) when you press the button; a "
             "result is shown only for the settings that produced it."
@@ -336,6 +392,22 @@ def _show_intervention(request: Request) -> None:
         col.markdown(f"answer recall (ROUGE-1) **{a.recall:.2f}**: {verdict}")
     with st.expander("end of the prompt"):
         st.code(tail, language=None, wrap_lines=True)
+
+
+@st.fragment(run_every=1.0)
+def _running_elsewhere(other: jobs.Job) -> None:
+    """The notice of an intervention running for other settings, redrawn every second (its
+    step and seconds move; it says when it is done)."""
+    if other.running:
+        st.info(
+            "An intervention for other settings (run, heads or prompt) is still running "
+            f"({other.status}); its result is kept for those settings."
+        )
+    else:
+        st.info(
+            f"The intervention for other settings is done ({other.status}); its result is "
+            "kept for those settings: go back to them to see it."
+        )
 
 
 @st.fragment(run_every=1.0)

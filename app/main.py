@@ -13,6 +13,7 @@ import streamlit as st
 from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.app.head import head_detail_page, interventions_page
+from headhunt.app.headview import head_view_page
 from headhunt.app.views import PAGES, Context, circuits_page, heads_map_page, runs_page
 from headhunt.errors import HeadhuntError
 
@@ -20,9 +21,47 @@ RENDER = {
     "Runs": runs_page,
     "Heads map": heads_map_page,
     "Head detail": head_detail_page,
+    "Head view": head_view_page,
     "Interventions": interventions_page,
     "Circuits": circuits_page,
 }
+
+
+# Settings of the pages' widgets. Streamlit drops a widget's value from the session at the end
+# of any run that does not draw it (another page is open), so leaving a page would reset them;
+# writing each value back at the start of every run makes it the session's own, and it stays
+# (Streamlit's documented way to keep widget values across pages). Buttons and charts are left
+# out: their values cannot be set.
+KEPT_SETTINGS = (
+    "iv_typed",
+    "iv_how",
+    "iv_mode",
+    "iv_beta",
+    "iv_needle",
+    "iv_length",
+    "iv_depth",
+    "iv_seed",
+    "iv_control",
+    "attn_prompt",
+    "attn_sinks",
+    "attn_query",
+    "hv_source",
+    "hv_tokens",
+    "hv_text",
+    "hv_trial",
+    "hv_file",
+    "hv_from",
+    "hv_to",
+    "hv_query",
+    "needle_trial_pick",
+)
+KEPT_PREFIXES = ("iv_top::",)  # the heads picked, per run and ranking
+
+
+def _keep_settings() -> None:
+    for key in list(st.session_state):
+        if key in KEPT_SETTINGS or key.startswith(KEPT_PREFIXES):
+            st.session_state[key] = st.session_state[key]
 
 
 def _from_url() -> None:
@@ -31,11 +70,18 @@ def _from_url() -> None:
         return
     st.session_state["_url_read"] = True
     qp = st.query_params
+    notes = []  # what the link asked for that cannot be shown, said on the page
     if qp.get("page") in PAGES:
         st.session_state["page"] = qp["page"]
+    elif qp.get("page"):
+        notes.append(f"there is no page {qp['page']!r} (pages: {', '.join(PAGES)})")
     for key in ("layer", "head"):
         if str(qp.get(key, "")).isdigit():
             st.session_state[key] = int(qp[key])
+            st.session_state[f"_url_{key}"] = int(qp[key])  # checked against the run's shape
+        elif qp.get(key, "") != "":
+            notes.append(f"{key} {qp[key]!r} is not a number")
+    st.session_state["_link_notes"] = notes
     if qp.get("run"):
         st.session_state["_url_run"] = qp["run"]
 
@@ -80,6 +126,12 @@ def _sidebar() -> Context:
         model = entry.run.manifest.get("model", {})
         n_layers, n_heads = int(model.get("n_layers") or 1), int(model.get("n_heads") or 1)
         for key, n in (("layer", n_layers), ("head", n_heads)):
+            asked = st.session_state.pop(f"_url_{key}", None)
+            if asked is not None and not 0 <= asked < n:
+                st.session_state.setdefault("_link_notes", []).append(
+                    f"{key} {asked} is outside run `{entry.name}`'s model ({n_layers} layers x "
+                    f"{n_heads} heads)"
+                )
             if not 0 <= int(st.session_state.get(key, 0)) < n:
                 st.session_state[key] = 0
         c1, c2 = sb.columns(2)
@@ -98,7 +150,19 @@ def _sidebar() -> Context:
 
 
 def _link_warning(ctx: Context) -> None:
-    """A link that named a missing or broken run says so while the fallback run is shown."""
+    """A link that named a missing or broken run, page, layer or head says so (the first
+    page drawn from it, and until the user picks something else)."""
+    notes = st.session_state.get("_link_notes")
+    if notes:
+        shown = (st.session_state.get("page"), ctx.layer, ctx.head)
+        first = st.session_state.setdefault("_link_notes_state", shown)
+        if first == shown:
+            st.warning(
+                "The link asked for what cannot be shown: " + "; ".join(notes) + ". Showing "
+                f"{shown[0]}, layer {ctx.layer}, head {ctx.head} instead."
+            )
+        else:  # the user moved on: the link no longer matters
+            del st.session_state["_link_notes"]
     got = st.session_state.get("_link_problem")
     if got is None:
         return
@@ -114,6 +178,7 @@ def _link_warning(ctx: Context) -> None:
 def main() -> None:
     st.set_page_config(page_title="headhunt", page_icon=":mag:", layout="wide")
     _from_url()
+    _keep_settings()
     ctx = _sidebar()
     page = st.session_state.get("page", PAGES[0])
     _link_warning(ctx)

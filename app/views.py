@@ -12,9 +12,9 @@ import streamlit as st
 from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.errors import HeadhuntError
-from headhunt.plots import head_heatmap, layer_lines, status_map
+from headhunt.plots import fix_head_axes, head_heatmap, layer_lines, status_map
 
-PAGES = ["Runs", "Heads map", "Head detail", "Interventions", "Circuits"]
+PAGES = ["Runs", "Heads map", "Head detail", "Head view", "Interventions", "Circuits"]
 
 
 @dataclass
@@ -117,11 +117,29 @@ def runs_page(ctx: Context) -> None:
     if m.get("summary"):
         with st.expander("summary", expanded=True):
             st.json(m["summary"])
+    _own_result(run)
     with st.expander("parameters"):
         st.json(m.get("parameters", {}))
     with st.expander("timings, versions and files"):
         st.json({k: m.get(k) for k in ("timings", "versions", "files", "command")})
     _compare(ctx)
+
+
+def _own_result(run) -> None:
+    """An ablate run's result, as a table (its scores are its source's ranking)."""
+    try:
+        table = hi.ablation_table(run)
+    except HeadhuntError as e:
+        st.error(str(e))
+        return
+    if table is None:
+        return
+    st.markdown("**Result: needle recall with heads masked**")
+    st.dataframe(table, hide_index=True, key="ablation_result")
+    st.caption(
+        "needle recall = ROUGE-1 recall of the answer x 100, mean over the trials; SE = its "
+        "standard error over the trials. " + (hi.scores_note(run) or "")
+    )
 
 
 def _compare(ctx: Context) -> None:
@@ -230,7 +248,19 @@ def clickable(fig):
         )
     )
     fig.update_layout(height=max(460, 22 * n_layers), clickmode="event+select")
-    return fig
+    return fix_head_axes(fig, n_layers, n_heads)
+
+
+def drawable_views(scores, views: list[hi.MetricView]) -> list[hi.MetricView]:
+    """The views that are maps of heads; the others (no head has a value, or every head the
+    same one) are left out of the pickers, with one line saying which and why."""
+    states = {v.label: hi.view_state(scores, v) for v in views}
+    shown = [v for v in views if states[v.label].kind == "map"]
+    hidden = [v for v in views if states[v.label].kind != "map"]
+    if hidden:
+        with st.expander(f"{len(hidden)} view(s) not offered: nothing to rank"):
+            st.markdown("\n".join(f"- {states[v.label].message}" for v in hidden))
+    return shown
 
 
 def chosen_view(
@@ -255,12 +285,21 @@ def heads_map_page(ctx: Context) -> None:
     scores = scores_or_error(ctx.entry)
     if scores is None:
         return
+    note = hi.scores_note(ctx.entry.run)
+    if note is not None:
+        st.info(note)
     views = hi.metric_views(scores)
     layer_rows = hi.layer_metrics(scores)
+    shown = drawable_views(scores, views)
     if not views:
         st.warning("This run has no per-head scores (only per-layer values).")
+    elif not shown:
+        st.info(
+            "No view of this run is a map: "
+            + " ".join(hi.view_state(scores, v).message for v in views[:3])
+        )
     else:
-        view = chosen_view(ctx.entry, views)
+        view = chosen_view(ctx.entry, shown)
         st.caption(hi.describe(view.metric))
         _head_map(ctx, scores, view)
     if len(layer_rows):

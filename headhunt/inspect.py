@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from headhunt.heads.scores import Head, parse_heads
 from headhunt.methods.base import CIRCUIT, NEEDLE_TRIALS
+from headhunt.probes.headview import HeadView, head_view
 from headhunt.views.attention import (
     HeadAttention,
     SinkMarks,
@@ -59,6 +60,7 @@ from headhunt.views.metrics import (
     view_matrix,
     view_state,
 )
+from headhunt.views.results import ablation_table, scores_note
 from headhunt.views.runs import (
     HOW_TO_MAKE_A_RUN,
     RunEntry,
@@ -88,6 +90,7 @@ __all__ = [
     "RunEntry",
     "SinkMarks",
     "ViewState",
+    "ablation_table",
     "answer_needle",
     "circuit_view",
     "compare_answers",
@@ -97,6 +100,8 @@ __all__ = [
     "edge_table",
     "find_entry",
     "head_attention",
+    "head_view",
+    "HeadView",
     "head_spread",
     "head_table",
     "layer_metrics",
@@ -111,6 +116,7 @@ __all__ = [
     "random_heads_like",
     "read_scores",
     "run_table",
+    "scores_note",
     "runs_root_problem",
     "scan_runs",
     "shade_tokens_html",

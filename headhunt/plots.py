@@ -26,6 +26,14 @@ def head_heatmap(matrix: np.ndarray, title: str, colorbar: str = "score"):
     )
     fig.update_xaxes(dtick=1)  # heads and layers are integers: no ticks between them
     fig.update_yaxes(dtick=1)
+    return fix_head_axes(fig, n_layers, n_heads)
+
+
+def fix_head_axes(fig, n_layers: int, n_heads: int):
+    """Axes that span exactly the model's heads and layers: autorange pads a map drawn with
+    other traces on it (the app's click markers), showing layers -2, -1, n, n + 1."""
+    fig.update_xaxes(range=[-0.5, n_heads - 0.5], autorange=False)
+    fig.update_yaxes(range=[-0.5, n_layers - 0.5], autorange=False)
     return fig
 
 

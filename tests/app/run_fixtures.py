@@ -37,14 +37,34 @@ def _planted(value: float, rest: float = 0.05, seed: int = 0) -> np.ndarray:
     return m
 
 
+def _trial_span(spec: str, tid: str, depth: float) -> list[int]:
+    """Where the retrieval analyzer would put the answer of trial ``tid`` with the model's
+    tokenizer (seed 0, bundled haystack): the Head view rebuilds trials and checks this. A
+    spec that is no model folder gets a made-up span."""
+    import random
+
+    if not Path(spec).is_dir():
+        return [40, 46]
+
+    from transformers import AutoTokenizer
+
+    from headhunt.heads.needles import NEEDLES, TrialBuilder, read_haystack
+
+    tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    builder = TrialBuilder(tok, read_haystack(None))
+    trial = builder.build(120, depth / 100, NEEDLES["passkey"], random.Random(f"0/{tid}"), tid)
+    return list(trial.span)
+
+
 def retrieval_run(out: Path, spec: str) -> Path:
     run = RunDir.open(out, "retrieval", parameters={"lengths": [120], "depths": [0, 50]})
     records = []
     for i, depth in enumerate([0.0, 50.0, 100.0]):
+        tid = f"L120-D{depth:g}-passkey-0"
         scores = _planted(0.8 - 0.1 * i, seed=i)
         on = _planted(0.9, seed=10 + i)
         rec = {
-            "id": f"L120-D{depth:g}-passkey-0",
+            "id": tid,
             "length": 120,
             "depth": depth / 100,  # a fraction, as the retrieval analyzer stores it
             "needle": "passkey",
@@ -52,7 +72,7 @@ def retrieval_run(out: Path, spec: str) -> Path:
             "response": "482913" if i < 2 else "4829",
             "recall": 1.0 if i < 2 else 0.0,
             "counted": i < 2,
-            "span": [40, 46],
+            "span": _trial_span(spec, tid, depth),
             "scores": scores.round(6).tolist(),
             "on_needle": on.round(4).tolist(),
         }

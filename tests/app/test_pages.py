@@ -168,7 +168,7 @@ def test_interventions_answer_before_and_after(monkeypatch, runs_root, tiny_fold
     at = start(monkeypatch, runs_root)
     goto(at, "Interventions", run=runs_root / "retrieval-tiny")
     clean(at)
-    picked = at.multiselect(key=f"iv_top::{runs_root / 'retrieval-tiny'}").value
+    picked = at.multiselect[0].value
     assert picked[0] == f"{PLANTED[0]}-{PLANTED[1]}" and len(picked) == 3
     at.text_input(key="iv_typed").set_value("0-0").run()
     at.selectbox(key="iv_mode").set_value("output").run()
