@@ -19,15 +19,17 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.probes.attention import AttentionCall, AttentionHook
+
+if TYPE_CHECKING:  # torch is imported where a view is computed: reading one never pays for it
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+    from headhunt.probes.attention import AttentionCall
 
 # Per-query and per-key arrays a view holds (all of length n), in the order they are saved.
 TRACKS = ("argmax", "top_prob", "entropy", "col_sum", "col_mean", "lse")
@@ -257,42 +259,50 @@ class _Stop(Exception):
     """Raised by the capture once its layer is done: the later layers are not needed."""
 
 
-class _HeadCapture(AttentionHook):
-    """One head's statistics from the layer's post-rotary q and k (the call's own options)."""
+def _head_capture(head: int, rows: Sequence[int], backend: str):
+    """A hook keeping one head's statistics (built lazily: torch is imported here)."""
+    import torch
 
-    def __init__(self, head: int, rows: Sequence[int], backend: str):
-        self.head, self.want, self.backend = head, list(rows), backend
-        self.view: dict[str, Any] | None = None
+    from headhunt.probes.attention import AttentionHook
 
-    def before(self, call: AttentionCall) -> None:
-        if call.query.shape[0] != 1:
-            raise HeadhuntError("the head view takes one prompt at a time")
-        hq, hkv = call.query.shape[1], call.key.shape[1]
-        h, kv = self.head, self.head // (hq // hkv)
-        # Clones of one head's slices: the layer's full q/k are not kept alive.
-        q = call.query[:, h : h + 1].detach().clone()
-        k = call.key[:, kv : kv + 1].detach().clone()
-        kw = call.kernel_kwargs(batch=0)
-        if kw.get("sinks") is not None:
-            kw["sinks"] = kw["sinks"][h : h + 1]
-        stats = _stats_by_query_blocks(q, k, kw, self.backend)
-        counts = call.key_counts()[0].to(stats["col_sum"].device)
-        src = _Source(q, k, stats["lse"][None, None], kw)
-        top = torch.exp(stats["max_score"] - stats["lse"]).nan_to_num(0.0)
-        self.view = {
-            "argmax": stats["argmax"],
-            "top_prob": top,
-            "entropy": stats["entropy"],
-            "col_sum": stats["col_sum"],
-            "col_mean": torch.where(counts > 0, stats["col_sum"] / counts.clamp_min(1), 0.0),
-            "lse": stats["lse"],
-            "source": src,
-            "rows": {int(i): _exact_row(src, int(i)) for i in self.want},
-            "backend": self.backend,
-            "dtype": str(call.query.dtype).removeprefix("torch."),
-            "device": str(call.query.device),
-        }
-        raise _Stop
+    class HeadCapture(AttentionHook):
+        """One head's statistics from the layer's post-rotary q and k (the call's own options)."""
+
+        def __init__(self, head: int, rows: Sequence[int], backend: str):
+            self.head, self.want, self.backend = head, list(rows), backend
+            self.view: dict[str, Any] | None = None
+
+        def before(self, call: AttentionCall) -> None:
+            if call.query.shape[0] != 1:
+                raise HeadhuntError("the head view takes one prompt at a time")
+            hq, hkv = call.query.shape[1], call.key.shape[1]
+            h, kv = self.head, self.head // (hq // hkv)
+            # Clones of one head's slices: the layer's full q/k are not kept alive.
+            q = call.query[:, h : h + 1].detach().clone()
+            k = call.key[:, kv : kv + 1].detach().clone()
+            kw = call.kernel_kwargs(batch=0)
+            if kw.get("sinks") is not None:
+                kw["sinks"] = kw["sinks"][h : h + 1]
+            stats = _stats_by_query_blocks(q, k, kw, self.backend)
+            counts = call.key_counts()[0].to(stats["col_sum"].device)
+            src = _Source(q, k, stats["lse"][None, None], kw)
+            top = torch.exp(stats["max_score"] - stats["lse"]).nan_to_num(0.0)
+            self.view = {
+                "argmax": stats["argmax"],
+                "top_prob": top,
+                "entropy": stats["entropy"],
+                "col_sum": stats["col_sum"],
+                "col_mean": torch.where(counts > 0, stats["col_sum"] / counts.clamp_min(1), 0.0),
+                "lse": stats["lse"],
+                "source": src,
+                "rows": {int(i): _exact_row(src, int(i)) for i in self.want},
+                "backend": self.backend,
+                "dtype": str(call.query.dtype).removeprefix("torch."),
+                "device": str(call.query.device),
+            }
+            raise _Stop
+
+    return HeadCapture(head, rows, backend)
 
 
 def _stats_by_query_blocks(
@@ -303,6 +313,8 @@ def _stats_by_query_blocks(
     blocked PyTorch reference sizes its first block by the first query's few keys, which on a
     causal prompt under 16k tokens is the whole ``n x n``). Row statistics are per query and
     column sums add up over blocks of queries."""
+    import torch
+
     from headhunt.kernels import attention_stats
 
     n = q.shape[2]
@@ -328,6 +340,8 @@ def _stats_by_query_blocks(
 
 def _exact_row(src: _Source, query: int) -> np.ndarray:
     """``p(query, j)`` for every key ``j`` from the log-sum-exp, in chunks of keys."""
+    import torch
+
     from headhunt.kernels import attention_probs_at
 
     n = src.k.shape[2]
@@ -341,7 +355,6 @@ def _exact_row(src: _Source, query: int) -> np.ndarray:
     return out
 
 
-@torch.inference_mode()
 def head_view(
     model,
     prompt: str | Sequence[int] | Int[Tensor, " n"],
@@ -369,6 +382,8 @@ def head_view(
         A :class:`HeadView`; its statistics are those of the layer's own attention (scale,
         mask, window, softcap, sinks, as :meth:`AttentionCall.kernel_kwargs` reads them).
     """
+    import torch
+
     if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
         raise HeadhuntError(
             f"head {layer}-{head} is outside the model ({model.n_layers} layers x "
@@ -377,10 +392,11 @@ def head_view(
     if isinstance(prompt, str):
         ids = model.encode(prompt, bos=bos)
     else:
-        ids = torch.as_tensor(
-            np.asarray(prompt, dtype=np.int64) if not isinstance(prompt, Tensor) else prompt,
-            dtype=torch.long,
-        ).flatten()
+        ids = (
+            prompt.detach().cpu().long().flatten()
+            if isinstance(prompt, torch.Tensor)
+            else torch.as_tensor(np.asarray(prompt, dtype=np.int64)).flatten()
+        )
     n = len(ids)
     if n < 1:
         raise HeadhuntError("the prompt is empty")
@@ -392,9 +408,9 @@ def head_view(
     bad = [r for r in wanted if not 0 <= r < n]
     if bad:
         raise HeadhuntError(f"rows {bad} are outside the prompt (0..{n - 1})")
-    cap = _HeadCapture(head, wanted, backend)
+    cap = _head_capture(head, wanted, backend)
     # _Stop is raised once the layer is done: the later layers are not run.
-    with model.hooks(cap, layers=[layer]), contextlib.suppress(_Stop):
+    with torch.inference_mode(), model.hooks(cap, layers=[layer]), contextlib.suppress(_Stop):
         model.forward(ids, use_cache=False, logits_to_keep=1)
     if cap.view is None:
         raise HeadhuntError(f"layer {layer} of {model.name} made no attention call")
