@@ -21,7 +21,7 @@ from headhunt.rundir import discard_unstarted_runs, open_runs, release_runs
 
 # The commands that are not methods (each a module of headhunt/commands); the methods' come
 # from the registry.
-OTHER_COMMANDS = ("export", "app")
+OTHER_COMMANDS = ("export", "app", "cache")
 
 
 class OneLineParser(argparse.ArgumentParser):

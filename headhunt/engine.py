@@ -39,6 +39,7 @@ class ModelSpec:
     dtype: str = "auto"
     device_map: str | None = None
     trust_remote_code: bool = False
+    cache: bool = True  # False: --no-cache (a GGUF is converted in memory, nothing written)
 
     def load(self) -> HookedModel:
         from headhunt.probes.hooked import load_model
@@ -49,6 +50,7 @@ class ModelSpec:
             dtype=self.dtype,
             trust_remote_code=self.trust_remote_code,
             device_map=self.device_map,
+            cache=self.cache,
         )
 
 
@@ -234,6 +236,7 @@ def execute(
         t0 = time.perf_counter()
         if model is None:
             model = method.load(spec)
+        check_same_model(run_dir, model, write=dist.is_main)
         ctx = RunContext(run_dir, dist, progress=progress)
         ctx.timings["load_model_s"] = time.perf_counter() - t0
         scores = method.run(model, config, ctx)
@@ -261,6 +264,58 @@ def execute(
     finally:
         if dist.active:
             dist.close(finished)
+
+
+# The model a run's finished units were computed with, kept in its work folder for --resume.
+MODEL_IDENTITY = ".model.json"
+
+
+def model_identity(model: HookedModel) -> dict[str, Any]:
+    """What must not change when a run resumes: the weights (content hash, else the spec),
+    the dtype and the device type (cuda:0 and cuda:1 are the same kind of device)."""
+    facts = model.describe()
+    return {
+        "name": facts.get("name"),
+        "weights_sha256": facts.get("weights_sha256"),
+        "dtype": facts.get("dtype"),
+        "device": str(facts.get("device", "")).split(":")[0],
+    }
+
+
+def check_same_model(run_dir: RunDir, model: HookedModel, *, write: bool = True) -> None:
+    """Refuse, in one line, to resume a run's finished units with another model's weights,
+    another dtype or another device type (their scores would be averaged together); the first
+    process to start the run records the model (``write``)."""
+    import json
+
+    from headhunt.rundir import write_json_atomic
+
+    path = run_dir.path(MODEL_IDENTITY)
+    now = model_identity(model)
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        before = None
+    if not isinstance(before, dict):
+        if write and run_dir.work != run_dir.out:
+            write_json_atomic(path, now)
+        return
+    changed = [
+        f"{k} {before.get(k)} -> {now[k]}"
+        for k in ("weights_sha256", "dtype", "device")
+        if before.get(k) is not None and now[k] is not None and before.get(k) != now[k]
+    ]
+    if changed:
+        what = "; ".join(
+            c
+            if not c.startswith("weights")
+            else f"weights of {before.get('name')} -> {now['name']}"
+            for c in changed
+        )
+        raise HeadhuntError(
+            f"{run_dir.work} was started with another model setting ({what}); resume with the "
+            "same --model, --dtype and --device, or pass --force to start over"
+        )
 
 
 def _model_name(model: HookedModel) -> str:
@@ -361,7 +416,7 @@ def _run_group(m, config, spec, out, resume, force, nproc, seed) -> Run:
     m.prepare(config)
     argv = [m.name, *config.to_argv(), "--model", spec.spec, "--device", spec.device]
     argv += ["--dtype", spec.dtype, "--seed", str(seed), "--out", str(out)]
-    argv += ["--trust-remote-code"] * spec.trust_remote_code
+    argv += ["--trust-remote-code"] * spec.trust_remote_code + ["--no-cache"] * (not spec.cache)
     argv += ["--resume"] * resume + ["--force"] * force
     code = distributed.launch_if_asked(nproc, [*argv, "--nproc", str(nproc)], device=spec.device)
     if code:

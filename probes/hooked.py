@@ -67,6 +67,9 @@ class HookedModel:
     tokenizer: Any
     name: str
     modules: list = field(repr=False, default_factory=list)
+    # Where the weights came from: the model's own name, format, files and content hash (set
+    # by load_model; None for a model built in memory).
+    source: dict[str, Any] | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
         cfg = _text_config(self.model.config)
@@ -300,6 +303,11 @@ class HookedModel:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @functools.cached_property
+    def n_parameters(self) -> int:
+        """Parameters of the model (shared ones, such as tied embeddings, counted once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
     @property
     def group_size(self) -> int:
         """Query heads per KV head."""
@@ -309,9 +317,19 @@ class HookedModel:
         return head // self.group_size
 
     def describe(self) -> dict[str, Any]:
-        """The model facts a run manifest records."""
+        """The model facts a run manifest records: the spec as typed, the model's own name
+        (GGUF ``general.name``, config ``_name_or_path``, hub id), its architecture, parameter
+        count, shape, dtype, device, and the weight files with their content hash."""
+        source = self.source or {}
+        cfg = _text_config(self.model.config)
         return {
             "spec": self.name,
+            "name": source.get("name") or self.name,
+            "architecture": getattr(cfg, "model_type", None) or type(self.model).__name__,
+            "n_parameters": self.n_parameters,
+            "weights_sha256": source.get("sha256"),
+            "weights": source.get("files", []),
+            "format": source.get("format", "memory"),
             "class": type(self.model).__name__,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
@@ -453,6 +471,7 @@ def load_model(
     dtype: str | None = "auto",
     trust_remote_code: bool = False,
     device_map: str | dict[str, str | int] | None = None,
+    cache: bool = True,
 ) -> HookedModel:
     """Load a model and wrap it with attention hooks.
 
@@ -468,6 +487,8 @@ def load_model(
             ``{module name: device}`` dict (or its JSON text). Hooks then see each layer's q/k
             on that layer's device; inputs go to the first layer's device and logits come back
             there.
+        cache: a GGUF is dequantised to the run's dtype once and kept as a safetensors copy
+            in ``$HEADHUNT_CACHE`` (said before it is written); False converts in memory.
     """
     from headhunt.probes.loading import load_hf
 
@@ -478,15 +499,26 @@ def load_model(
             trust_remote_code=trust_remote_code,
             device_map=dm,
             dtype=str(dt).removeprefix("torch."),
+            cache=cache,
         )
         if getattr(model, "hf_device_map", None) is None:  # a first GGUF load: on the CPU
             model = dispatch(model, dm, dtype)
-        return HookedModel(model=model, tokenizer=tok, name=spec)
-    model, tok = load_hf(spec, trust_remote_code=trust_remote_code)
+        return _hooked(model, tok, spec)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
+    model, tok = load_hf(
+        spec,
+        trust_remote_code=trust_remote_code,
+        gguf_dtype=str(dt).removeprefix("torch."),
+        cache=cache,
+    )
     model = cast_parameters(model.to(device=dev), dt)
-    return HookedModel(model=model, tokenizer=tok, name=spec)
+    return _hooked(model, tok, spec)
+
+
+def _hooked(model: Any, tok: Any, spec: str) -> HookedModel:
+    source = getattr(model, "headhunt_source", None)
+    return HookedModel(model=model, tokenizer=tok, name=spec, source=source)
 
 
 def _twin(model: torch.nn.Module) -> torch.nn.Module:

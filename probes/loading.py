@@ -3,13 +3,20 @@ Hugging Face ids already in the local cache. Nothing is ever downloaded."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import importlib.util
+import json
+import math
 import os
 import shutil
+import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from headhunt.errors import HeadhuntError
 
@@ -127,6 +134,13 @@ def resolve_spec(spec: str) -> tuple[str, Path | str]:
 
 def check_gguf(path: Path) -> str:
     """Return the GGUF's architecture, or raise a one-line error if transformers cannot read it."""
+    return gguf_facts(path).architecture
+
+
+def _read_gguf(path: Path):
+    """The GGUF's reader (every field parsed: seconds for a tokenizer's vocabulary), or a
+    one-line error for a file that is not a readable GGUF of an architecture transformers
+    reads."""
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise HeadhuntError(f"{path} is not a GGUF file (bad magic bytes)")
@@ -149,33 +163,89 @@ def check_gguf(path: Path) -> str:
             f"{path.name}: GGUF architecture {arch!r} is not supported by transformers "
             f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
         )
-    return arch
+    return reader, arch
 
 
-def _load_gguf(path: Path, **placement):
-    """Load a GGUF through a dequantised safetensors copy kept in the cache.
+# Bytes per parameter of a converted copy, by dtype.
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Room left free on the cache's disk beyond the copy itself (a filled disk breaks everything else).
+_DISK_MARGIN = 512 << 20
 
-    transformers dequantises GGUF on every load (about 30 s even for 135M parameters); the
-    cached folder loads in about a second and, being safetensors, never unpickles anything.
-    ``placement`` (``device_map``, ``dtype``) applies to loads from the cached copy; the first,
-    converting load returns the float32 model on the CPU.
+
+@dataclass(frozen=True)
+class GGUFFacts:
+    """What a GGUF file says about its model before anything is converted."""
+
+    architecture: str
+    name: str | None
+    n_parameters: int
+
+
+def gguf_facts(path: Path) -> GGUFFacts:
+    """The GGUF's architecture, ``general.name`` and parameter count (from its tensor shapes;
+    nothing dequantised), or a one-line error if transformers cannot read it."""
+    known = _memo("gguf_facts.json", _file_key(path))
+    if isinstance(known, dict):  # parsed once per file (a later load reads nothing of it)
+        return GGUFFacts(**known)
+    reader, arch = _read_gguf(path)
+    field = reader.fields.get("general.name")
+    name = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    n = sum(int(math.prod(int(d) for d in t.shape)) for t in reader.tensors)
+    facts = GGUFFacts(architecture=arch, name=name, n_parameters=n)
+    _memo("gguf_facts.json", _file_key(path), dataclasses.asdict(facts))
+    return facts
+
+
+def gguf_cache_folder(path: Path, dtype: str) -> Path:
+    """The cached copy of a GGUF in ``dtype``: keyed by the file's content (the same model
+    installed in two clones shares one entry) and by dtype (a bf16 copy never serves a float32
+    run)."""
+    return cache_root() / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}-{dtype}"
+
+
+def _load_gguf(
+    path: Path,
+    *,
+    dtype: str | None = None,
+    device_map: str | dict | None = None,
+    cache: bool = True,
+):
+    """Load a GGUF dequantised to ``dtype`` (the run's compute dtype; float32 when None).
+
+    transformers dequantises GGUF on every load (about 30 s even for 135M parameters), so the
+    first load keeps a safetensors copy in the cache (said before it is written: what, where,
+    how big; refused when the disk lacks room) and later loads read it in about a second
+    (safetensors never unpickles anything). ``cache=False`` (``--no-cache``) converts in memory
+    and writes nothing. ``device_map`` applies to loads from the cached copy; a converting load
+    returns the model on the CPU.
     """
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[
-        :16
-    ]
-    folder = cache_root() / "gguf" / f"{path.stem}-{key}"
-    if (folder / ".complete").is_file():
-        return _load_folder(folder, **placement)
-    check_gguf(path)
+    dtype = dtype or "float32"
+    if dtype not in _DTYPE_BYTES:
+        raise HeadhuntError(f"cannot dequantise a GGUF to {dtype}")
+    folder = gguf_cache_folder(path, dtype)
+    if cache and (folder / ".complete").is_file():
+        return _load_folder(folder, device_map=device_map, dtype=dtype, cached=True)
+    facts = gguf_facts(path)
+    size = facts.n_parameters * _DTYPE_BYTES[dtype]
+    what = f"{path.name} ({facts.name or facts.architecture}, {facts.n_parameters / 1e6:.0f}M parameters)"
+    if cache:
+        _check_room(folder, size)
+        notice(
+            f"converting {what} once to a {dtype} safetensors copy of about {_human(size)} in "
+            f"{folder} (later loads read it; --no-cache converts in memory, `headhunt cache "
+            "clear` removes it)"
+        )
+    else:
+        notice(f"converting {what} to {dtype} in memory (--no-cache: nothing is written)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    t0 = time.perf_counter()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_gguf_bar(path.name):
             warnings.simplefilter("ignore")
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype="float32"
+                path.parent, gguf_file=path.name, dtype=dtype
             )
     except Exception as e:
         raise HeadhuntError(
@@ -183,21 +253,83 @@ def _load_gguf(path: Path, **placement):
         ) from None
     if not model.config.architectures:  # TransformerBridge needs it; GGUF configs may lack it
         model.config.architectures = [type(model).__name__]
-    # The weights are dequantised float32 now; drop the GGUF quantizer so they save plainly.
+    # The weights are dequantised now; drop the GGUF quantizer so they save plainly.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    if cache:
+        _save_copy(model, tok, folder, path)
+    notice(f"converted {path.name} in {time.perf_counter() - t0:.0f} s")
+    return model, tok
+
+
+def _save_copy(model, tok, folder: Path, source: Path) -> None:
+    """Save the converted model into the cache: a temporary folder, then a rename."""
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / ".complete").write_text(str(path))
+        (tmp / ".complete").write_text(str(source))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
-    except (OSError, ValueError):
-        shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache only costs the next load time
-    return model, tok
+    except (OSError, ValueError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # the run goes on; only the next load is slow
+        notice(f"could not keep the converted copy in {folder} ({e}); the next load converts again")
+
+
+def _check_room(folder: Path, size: int) -> None:
+    """Refuse, in one line, a copy the cache's disk has no room for."""
+    where = folder
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < size + _DISK_MARGIN:
+        raise HeadhuntError(
+            f"the converted copy needs about {_human(size)} in {folder.parent} but its disk has "
+            f"{_human(free)} free: pass --no-cache (convert in memory at every load), set "
+            "HEADHUNT_CACHE to a disk with room, or free space (`headhunt cache clear`)"
+        )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB", "MB") else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def notice(text: str) -> None:
+    """A loading notice: one line on stderr (stdout holds a command's tables)."""
+    print(f"headhunt: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _quiet_gguf_bar(label: str):
+    """transformers draws its own tqdm bar while it dequantises (a bar per tensor update floods
+    a redirected log); instead one line that counts tensors, updated in place on a terminal
+    and not at all in a log."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    tty = sys.stderr.isatty()
+
+    def counted(items, **_):
+        items = list(items)
+        for i, item in enumerate(items, 1):
+            if tty and (i == len(items) or i % 16 == 0):
+                print(f"\rheadhunt: dequantising {label}: {i}/{len(items)} tensors", end="",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            yield item
+        if tty:
+            print(file=sys.stderr)
+
+    real = gguf_utils.tqdm
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = real
 
 
 # Any of these files means a folder carries a tokenizer that AutoTokenizer can read.
@@ -211,11 +343,13 @@ def _load_folder(
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
     dtype: str | None = None,
+    cached: bool = False,
 ):
     """(model, tokenizer) of a Hugging Face folder: float32 on the CPU, or, with a
     ``device_map``, loaded straight onto those devices in ``dtype`` (transformers and
     accelerate place each weight as it is read, so a model larger than one GPU never needs
-    a float32 copy in host memory)."""
+    a float32 copy in host memory). ``cached``: headhunt's converted copy of a GGUF, read in
+    its own dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(folder, Path) and not any((folder / f).exists() for f in _TOKENIZER_FILES):
@@ -223,7 +357,7 @@ def _load_folder(
             f"{folder} has no tokenizer ({', '.join(_TOKENIZER_FILES)}): save the model's "
             "tokenizer beside its weights"
         )
-    placement = {"dtype": "float32"}
+    placement = {"dtype": dtype if cached and dtype else "float32"}
     if device_map is not None:
         placement = {"device_map": device_map, "dtype": dtype or "float32"}
 
@@ -285,9 +419,19 @@ def _first_line(e: Exception) -> str:
     return next((line.strip() for line in str(e).splitlines() if line.strip()), "")
 
 
-def load_hf(spec: str, *, trust_remote_code: bool = False, **placement):
+def load_hf(
+    spec: str,
+    *,
+    trust_remote_code: bool = False,
+    gguf_dtype: str | None = None,
+    cache: bool = True,
+    **placement,
+):
     """Load (model, tokenizer) for a spec, in float32 on the CPU (the caller moves it), or
-    with ``device_map=`` and ``dtype=`` placed by transformers (see :func:`_load_folder`)."""
+    with ``device_map=`` and ``dtype=`` placed by transformers (see :func:`_load_folder`). A
+    GGUF is dequantised to ``gguf_dtype`` (the run's compute dtype), through the cache unless
+    ``cache`` is False. The model carries ``headhunt_source``: its name, format and weight
+    files (see :func:`model_source`)."""
     from transformers.utils import logging as hf_logging
 
     # Loading bars and notices would bury the one line a user needs when something is wrong.
@@ -295,12 +439,119 @@ def load_hf(spec: str, *, trust_remote_code: bool = False, **placement):
     hf_logging.set_verbosity_error()
     kind, where = resolve_spec(spec)
     if kind == "gguf":
-        return _load_gguf(Path(where), **placement)
-    if kind == "folder":
+        dtype = placement.get("dtype") if placement.get("device_map") is not None else gguf_dtype
+        model, tok = _load_gguf(
+            Path(where), dtype=dtype, device_map=placement.get("device_map"), cache=cache
+        )
+    elif kind == "folder":
         from headhunt.probes.pruned import is_pruned_folder, load_pruned
 
         if is_pruned_folder(where):  # headhunt's own: per-layer head counts from its config
-            return load_pruned(where)  # float32 on the CPU; load_model places it
-        return _load_folder(Path(where), trust_remote_code=trust_remote_code, **placement)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return _load_folder(str(where), trust_remote_code=trust_remote_code, **placement)
+            model, tok = load_pruned(where)  # float32 on the CPU; load_model places it
+        else:
+            model, tok = _load_folder(Path(where), trust_remote_code=trust_remote_code, **placement)
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        model, tok = _load_folder(str(where), trust_remote_code=trust_remote_code, **placement)
+    model.headhunt_source = model_source(kind, where)
+    return model, tok
+
+
+# Files that hold a folder's weights (a model's identity is their content).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def model_source(kind: str, where: Path | str) -> dict:
+    """A model's own name, format and weight files with their content hash, for the run
+    manifest and ``--resume``: a GGUF's ``general.name``, a folder's config ``_name_or_path``
+    (else the folder's name), a hub id. The hash is SHA-256 over the files' own SHA-256s, in
+    name order (computed once per file, cached by path, size and mtime)."""
+    files: list[Path] = []
+    name: str | None = None
+    if kind == "gguf":
+        files = [Path(where)]
+        name = gguf_facts(Path(where)).name
+    else:
+        folder = Path(where) if kind == "folder" else _hub_folder(str(where))
+        if folder is not None:
+            files = sorted(p for p in folder.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
+            name = _config_name(folder)
+        if kind == "hub":
+            name = str(where)
+        elif not name:
+            name = Path(where).name
+    if not files:
+        return {"name": name, "format": kind, "files": [], "sha256": None}
+    digests = [file_sha256(f) for f in files]
+    combined = (
+        digests[0] if len(files) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()
+    )
+    return {
+        "name": name,
+        "format": kind,
+        "files": [
+            {"file": f.name, "bytes": f.stat().st_size, "sha256": d}
+            for f, d in zip(files, digests, strict=True)
+        ],
+        "sha256": combined,
+    }
+
+
+def _config_name(folder: Path) -> str | None:
+    try:
+        name = json.loads((folder / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name or None
+
+
+def _hub_folder(repo_id: str) -> Path | None:
+    """The local snapshot folder of a cached hub id (nothing is downloaded)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's content, read once: kept in the cache's ``hashes.json`` keyed by the
+    file's resolved path, size and modification time (a changed file is hashed again)."""
+    key = _file_key(path)
+    known = _memo("hashes.json", key)
+    if isinstance(known, str):
+        return known
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return _memo("hashes.json", key, digest.hexdigest())
+
+
+def _file_key(path: Path) -> str:
+    path = Path(path).resolve()
+    st = path.stat()
+    return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _memo(index_name: str, key: str, value: Any = None) -> Any:
+    """Read (``value`` None) or store a value under ``key`` in the cache's JSON index
+    ``index_name``; storing is best effort (a read-only cache only costs recomputing)."""
+    index = cache_root() / index_name
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    if value is None:
+        return known.get(key)
+    known[key] = value
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index_name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(known, indent=0))
+        os.replace(tmp, index)
+    except OSError:
+        pass
+    return value

@@ -51,6 +51,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16",
     )
+    g.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="a .gguf model: dequantise in memory at every load instead of keeping a "
+        "safetensors copy in $HEADHUNT_CACHE (see `headhunt cache list`)",
+    )
     g.add_argument("--seed", type=seed, default=0, help="random seed (0 to 2**32 - 1)")
     g.add_argument(
         "--trust-remote-code", action="store_true", help="allow a model folder's own code to run"

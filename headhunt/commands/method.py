@@ -71,6 +71,7 @@ def run(method: Method, args: argparse.Namespace) -> int:
     if code is not None:
         return code
     spec = ModelSpec(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
+    spec.cache = not args.no_cache
     execute(
         method,
         config,

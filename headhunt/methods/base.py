@@ -148,6 +148,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def model_label(manifest: dict[str, Any]) -> str:
+    """How a run names its model in tables: the model's own name (GGUF ``general.name``, config
+    ``_name_or_path``), else the spec as typed (runs made before the manifest held a name)."""
+    model = manifest.get("model") or {}
+    return str(model.get("name") or model.get("spec") or "?")
+
+
 def print_table(df, title: str | None = None, floatfmt: str = "{:.3f}") -> None:
     """Print a DataFrame as a rich table."""
     from rich.console import Console

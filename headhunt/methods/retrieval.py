@@ -7,7 +7,14 @@ import json
 import time
 
 from headhunt.heads.configs import RetrievalConfig
-from headhunt.methods.base import NEEDLE_TRIALS, Method, print_table, read_jsonl, spread_frame
+from headhunt.methods.base import (
+    NEEDLE_TRIALS,
+    Method,
+    model_label,
+    print_table,
+    read_jsonl,
+    spread_frame,
+)
 
 TRIALS = "trials.jsonl"
 
@@ -88,7 +95,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         manifest, s = run.manifest, run.manifest.get("summary", {})
         table = run.scores().top(self.metric, top)[["layer", "head", "kv_head", "value"]]
         table = table.rename(columns={"value": self.metric})
-        print_table(table, title=f"Top {top} retrieval heads: {manifest['model'].get('spec')}")
+        print_table(table, title=f"Top {top} retrieval heads: {model_label(manifest)}")
         if s:
             threshold = manifest["parameters"].get("threshold")
             pct = 100 * s["retrieval_heads"] / max(s["heads"], 1)

@@ -1,0 +1,70 @@
+"""Time a GGUF model's first load (dequantise + keep a safetensors copy) against its second
+(read the copy), each in a fresh process, with an empty $HEADHUNT_CACHE.
+
+    HEADHUNT_CACHE=/tmp/empty python benchmarks/gguf_load.py smollm2-135m gemma3-270m
+
+Prints one JSON line per model: seconds of each load (wall, load_model to return; and the
+process's CPU seconds, including its imports), the copy's size, and the ratios second / first."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+CHILD = """
+import time, sys
+t0 = time.perf_counter()
+from headhunt.probes.hooked import load_model
+m = load_model(sys.argv[1], device="cpu", dtype=sys.argv[2])
+print(time.perf_counter() - t0)
+"""
+
+
+def one_load(spec: str, dtype: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one load in a fresh process. CPU time is what the load
+    costs when other processes share the cores (the 2-core machine this was run on was)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, spec, dtype], capture_output=True, text=True, check=True
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(out.stdout.strip().splitlines()[-1]), cpu
+
+
+def main() -> None:
+    from headhunt.commands.cache import entries, size_of
+    from headhunt.probes.loading import cache_root
+
+    dtype = os.environ.get("DTYPE", "float32")
+    for spec in sys.argv[1:]:
+        before = {p for _, p in entries(cache_root())}
+        (first, first_cpu), (second, second_cpu) = one_load(spec, dtype), one_load(spec, dtype)
+        new = [p for k, p in entries(cache_root()) if p not in before and k == "converted"]
+        print(
+            json.dumps(
+                {
+                    "model": spec,
+                    "dtype": dtype,
+                    "first_load_s": round(first, 2),
+                    "second_load_s": round(second, 2),
+                    "ratio": round(second / first, 3),
+                    "first_load_cpu_s": round(first_cpu, 2),
+                    "second_load_cpu_s": round(second_cpu, 2),
+                    "cpu_ratio": round(second_cpu / first_cpu, 3),
+                    "load_average_1min": round(os.getloadavg()[0], 1),
+                    "copy_bytes": sum(size_of(p) for p in new),
+                    "cpu_threads": os.cpu_count(),
+                    "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""`headhunt cache list|clear`: the converted GGUF copies headhunt keeps in $HEADHUNT_CACHE."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from headhunt.commands.common import add_command
+
+DESCRIPTION = """What headhunt keeps on disk, and how to remove it.
+
+The first load of a .gguf model dequantises it to the run's dtype and keeps that as a safetensors
+copy in $HEADHUNT_CACHE/gguf (default ~/.cache/headhunt), one entry per file content and dtype;
+later loads read the copy in about a second. A registry model shipped in chunks is joined once
+into $HEADHUNT_CACHE/models. `list` shows every entry and its size; `clear` removes the converted
+copies (the next load converts again), `clear --all` also the joined models and the file hashes.
+Pass --no-cache to a command to convert in memory and write nothing."""
+
+
+def add_parser(sub) -> None:
+    p = add_command(sub, "cache", "list or clear the converted GGUF copies", DESCRIPTION)
+    p.add_argument("action", choices=["list", "clear"], help="list the entries, or remove them")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="clear: also the joined registry models and the file-hash index",
+    )
+    p.set_defaults(func=run)
+
+
+def entries(root: Path) -> list[tuple[str, Path]]:
+    """(kind, path) of every entry under the cache root: converted copies, joined models,
+    unfinished conversions (a temporary folder left by a killed load)."""
+    out: list[tuple[str, Path]] = []
+    gguf = root / "gguf"
+    if gguf.is_dir():
+        for p in sorted(gguf.iterdir()):
+            kind = "converted" if (p / ".complete").is_file() else "unfinished"
+            out.append((kind, p))
+    models = root / "models"
+    if models.is_dir():
+        out += [("joined", p) for p in sorted(models.iterdir())]
+    if (root / "hashes.json").is_file():
+        out.append(("hashes", root / "hashes.json"))
+    return out
+
+
+def size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def run(args: argparse.Namespace) -> int:
+    from headhunt.probes.loading import _human, cache_root
+
+    root = cache_root()
+    found = entries(root)
+    if args.action == "list":
+        if not found:
+            print(f"{root}: empty")
+            return 0
+        total = 0
+        for kind, path in found:
+            size = size_of(path)
+            total += size
+            print(f"{kind:10s} {_human(size):>9s}  {path.name}")
+        print(f"{'total':10s} {_human(total):>9s}  in {root}")
+        return 0
+    removed = 0
+    for kind, path in found:
+        if kind in ("joined", "hashes") and not args.all:
+            continue
+        removed += size_of(path)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    print(f"removed {_human(removed)} from {root}")
+    return 0
