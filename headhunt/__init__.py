@@ -39,7 +39,7 @@ _EXPORTS = {
     "AblateConfig": "headhunt.methods.ablate",
     "MQARConfig": "headhunt.methods.mqar",
     "PruneConfig": "headhunt.methods.prune",
-    "KVEvalMethodConfig": "headhunt.methods.kv_eval",
+    "KVEvalConfig": "headhunt.heads.configs",
     "CircuitsRunConfig": "headhunt.methods.circuits",
     "ProbeRunConfig": "headhunt.methods.probe",
     "TaskHeadsConfig": "headhunt.methods.taskheads",

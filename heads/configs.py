@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from headhunt.config import MethodConfig, option
+from headhunt.config import MethodConfig, default_of, option
 from headhunt.errors import HeadhuntError
 from headhunt.heads.needles import NEEDLES
+from headhunt.heads.ruler import TASKS as KV_TASKS
 
 if TYPE_CHECKING:
     from headhunt.probes.hooked import HookedModel
@@ -26,16 +27,14 @@ MAX_LENGTH = 2**20  # tokens: past any model's context
 
 
 @dataclass
-class RetrievalConfig(MethodConfig):
-    """A retrieval run: the needle-in-a-haystack grid, and how the KV-head table is folded.
-
-    Each (length, depth) cell gets one trial per needle and repeat, answers drawn at random
-    (seeded by ``seed``).
-    """
+class NeedlePrompts(MethodConfig):
+    """The needle-in-a-haystack prompts: lengths, depths, needle templates and the haystack
+    (declared once for retrieval, ablate and kv-eval)."""
 
     lengths: list[int] = option(
         [500, 1000, 2000],
         "prompt lengths in tokens (frame, haystack, needle and question together)",
+        min=64,
         limit=MAX_LENGTH,
     )
     depths: list[float] = option(
@@ -44,21 +43,19 @@ class RetrievalConfig(MethodConfig):
     needles: list[str] = option(
         ["passkey", "city", "magic"], f"needle templates ({', '.join(NEEDLES)})"
     )
-    repeats: int = option(1, "trials per (length, depth, needle)", limit=MAX_TRIALS)
-    max_new_tokens: int = option(
-        24, "decoding budget per trial (stops earlier at a newline or end of turn)", limit=4096
-    )
-    batch_size: int = option(0, "trials decoded together (0: auto, by device and length)", min=0)
     haystack: str | None = option(
         None, "text file for the haystack (default: bundled essays)", type=str
     )
-    threshold: float = option(0.1, "score above which a head is a retrieval head")
-    min_recall: float = option(
-        0.5, "a trial counts when the response's ROUGE-1 recall of the answer exceeds it",
-        min=0.0, below=1.0,
-    )  # fmt: skip
-    kv_aggregate: str = option(
-        "max", "how duo_attention.tsv folds query heads into their KV head", choices=("max", "mean")
+
+
+@dataclass
+class NeedleTrials(NeedlePrompts):
+    """Needle trials: each (length, depth) cell gets one trial per needle and repeat, answers
+    drawn at random (seeded by ``seed``), decoded greedily."""
+
+    repeats: int = option(1, "trials per (length, depth, needle)", limit=MAX_TRIALS)
+    max_new_tokens: int = option(
+        24, "decoding budget per trial (stops earlier at a newline or end of turn)", limit=4096
     )
 
     def validate(self, model: HookedModel | None = None) -> None:
@@ -73,6 +70,11 @@ class RetrievalConfig(MethodConfig):
             raise HeadhuntError(f"depth {bad[0]} is outside 0..100 (percent)")
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise HeadhuntError("repeats and max_new_tokens must be at least 1")
+        for n in self.lengths:
+            if n < 64:
+                raise HeadhuntError(
+                    f"length {n} is too short for a needle-in-a-haystack trial (min 64)"
+                )
         super().validate()
         n = len(self.lengths) * len(self.depths) * len(self.needles) * self.repeats
         if n > MAX_TRIALS:
@@ -81,15 +83,33 @@ class RetrievalConfig(MethodConfig):
                 f"{MAX_TRIALS} (split the grid over runs)"
             )
         for n in self.lengths:
-            if n < 64:
-                raise HeadhuntError(
-                    f"length {n} is too short for a needle-in-a-haystack trial (min 64)"
-                )
             if model is not None and n + self.max_new_tokens > model.max_context:
                 raise HeadhuntError(
                     f"length {n} plus {self.max_new_tokens} new tokens exceeds the model's context "
                     f"of {model.max_context} tokens"
                 )
+
+
+@dataclass
+class DecodeBatch(MethodConfig):
+    """Trials decoded together (ablate's and kv-eval's: a fixed number, at least 1)."""
+
+    batch_size: int = option(8, "trials decoded together", min=1)
+
+
+@dataclass
+class RetrievalConfig(NeedleTrials):
+    """A retrieval run: the needle trials, and how the KV-head table is folded."""
+
+    batch_size: int = option(0, "trials decoded together (0: auto, by device and length)", min=0)
+    threshold: float = option(0.1, "score above which a head is a retrieval head")
+    min_recall: float = option(
+        0.5, "a trial counts when the response's ROUGE-1 recall of the answer exceeds it",
+        min=0.0, below=1.0,
+    )  # fmt: skip
+    kv_aggregate: str = option(
+        "max", "how duo_attention.tsv folds query heads into their KV head", choices=("max", "mean")
+    )
 
 
 @dataclass
@@ -187,7 +207,14 @@ NGRAM_SOURCES = ("random", "planted", "natural")
 
 
 @dataclass
-class NgramConfig(MethodConfig):
+class WithBos(MethodConfig):
+    """Whether sequences start with the tokenizer's BOS token (n-gram and MQAR inputs)."""
+
+    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
+
+
+@dataclass
+class NgramConfig(WithBos):
     """An n-gram run: the probe sequences (repeated random tokens, planted k-grams, natural
     text) and the n-gram / induction scorer's options."""
 
@@ -206,7 +233,6 @@ class NgramConfig(MethodConfig):
     )
     text_tokens: int = option(512, "tokens per natural chunk", min=2, limit=2**20)
     n_texts: int = option(4, "natural chunks (at most)", min=1, limit=100_000)
-    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
     k_max: int = option(4, f"largest k-gram order scored (1..{K_LIMIT})")
     exclude_bos: bool = option(False, "TransformerLens: drop attention to key 0")
     exclude_current_token: bool = option(
@@ -239,3 +265,73 @@ class NgramConfig(MethodConfig):
         if self.repeat_len < 2 or self.repeats < 2:
             raise HeadhuntError("--repeat-len and --repeats must be >= 2")
         super().validate()
+
+
+# What a streaming head keeps when neither a flag, a sinks run nor a DuoAttention pattern says
+# (StreamingLLM's four sink tokens, a 256-token window).
+STREAMING_SINK, STREAMING_RECENT = 4, 256
+
+
+@dataclass
+class Ranking(MethodConfig):
+    """The run a method ranks heads by (prune's and kv-eval's)."""
+
+    scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
+    metric: str = option("retrieval_score", "the metric of --scores")
+
+
+@dataclass
+class KVEvalConfig(Ranking, DecodeBatch, NeedlePrompts):
+    """A KV-cache evaluation: the rankings it compares, and the sweep over the share of KV
+    heads that keep the full cache (the others keep ``sink`` + ``recent`` tokens) on needle
+    trials (fresh: another seed stream than a retrieval run's) and RULER-like tasks."""
+
+    lengths: list[int] = default_of(NeedlePrompts, "lengths", [1000, 2000])
+    duo_pattern: str | None = option(None, "a DuoAttention pattern folder to compare", type=str)
+    random_draws: int = option(3, "random rankings", min=0)
+    fractions: list[float] = option(
+        [0.0, 0.1, 0.25, 0.5, 0.75, 1.0], "shares of KV heads with the full cache", min=0, max=1
+    )
+    sink: int | None = option(
+        None,
+        "leading tokens a streaming head keeps (default: from --sinks, else the --duo-pattern's "
+        f"sink_size, else {STREAMING_SINK})",
+        type=int,
+        min=0,
+    )
+    recent: int | None = option(
+        None,
+        "trailing tokens a streaming head keeps (default: the --duo-pattern's recent_size, "
+        f"else {STREAMING_RECENT})",
+        type=int,
+        min=1,
+    )
+    sinks: str | None = option(
+        None, "a sinks run: the sink size keeps token 0 and its leading hidden sinks", type=str
+    )
+    needle_repeats: int = option(
+        1, "needle trials per (length, depth, needle)", min=1, limit=MAX_TRIALS
+    )
+    tasks: list[str] = option(list(KV_TASKS), "RULER-like tasks")
+    task_repeats: int = option(2, "trials per (task, length)", min=0, limit=MAX_TRIALS)
+    window_from: str = option("", "where --sink and --recent came from", cli=False)
+
+    def window(self) -> tuple[int, int]:
+        """(sink, recent) a streaming head keeps (None: the defaults)."""
+        sink = STREAMING_SINK if self.sink is None else self.sink
+        return sink, STREAMING_RECENT if self.recent is None else self.recent
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.fractions or any(not 0 <= f <= 1 for f in self.fractions):
+            raise HeadhuntError("fractions must be shares of KV heads between 0 and 1")
+        if not self.needles and not (self.tasks and self.task_repeats):
+            raise HeadhuntError("nothing to evaluate: give needles or tasks")
+        bad = [t for t in self.tasks if t not in KV_TASKS] + [
+            n for n in self.needles if n not in NEEDLES
+        ]
+        if bad:
+            raise HeadhuntError(
+                f"unknown task or needle {bad[0]!r} (tasks: {', '.join(KV_TASKS)}; needles: "
+                f"{', '.join(NEEDLES)})"
+            )

@@ -13,7 +13,6 @@ DynamicCache) are the same for every ranking and run once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.configs import KVEvalConfig
 from headhunt.heads.kvcache import (
     generate_with_plan,
     kv_scores,
@@ -29,76 +29,17 @@ from headhunt.heads.kvcache import (
     random_ranking,
     rank_kv_heads,
 )
-from headhunt.heads.needles import NEEDLES, read_haystack
+from headhunt.heads.needles import read_haystack
 from headhunt.heads.retrieval import (
     FRESH_SEED_OFFSET,
     RetrievalConfig,
     build_trials,
     stop_token_ids,
 )
-from headhunt.heads.ruler import MAX_NEW_TOKENS, TASKS, TaskTrial, build_ruler, from_needles
+from headhunt.heads.ruler import MAX_NEW_TOKENS, TaskTrial, build_ruler, from_needles
 from headhunt.probes.hooked import HookedModel
 
 FULL, STREAMING = "full cache", "all streaming"
-
-
-@dataclass
-class KVEvalConfig:
-    """The sweep.
-
-    Attributes:
-        fractions: shares of KV heads that keep the full cache.
-        lengths: prompt lengths in tokens (needles and RULER-like tasks alike).
-        depths, needles: the needle grid (fresh answers and offsets: another seed stream than
-            a retrieval run's); ``needle_repeats`` trials per (length, depth, needle).
-        tasks: RULER-like tasks; ``task_repeats`` trials per (task, length).
-        random_draws: random rankings.
-        sink, recent: what a streaming head keeps (first ``sink`` and last ``recent`` tokens).
-        batch_size: trials decoded together.
-        seed: seeds trials, ties and random rankings.
-        haystack: a text file, or None for the bundled essays.
-    """
-
-    fractions: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
-    lengths: list[int] = field(default_factory=lambda: [1000, 2000])
-    depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])
-    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
-    needle_repeats: int = 1
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    task_repeats: int = 2
-    random_draws: int = 3
-    sink: int = 4
-    recent: int = 256
-    batch_size: int = 8
-    seed: int = 0
-    haystack: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KVEvalConfig:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-    def validate(self) -> None:
-        if not self.fractions or any(not 0 <= f <= 1 for f in self.fractions):
-            raise HeadhuntError("fractions must be shares of KV heads between 0 and 1")
-        if self.sink < 0 or self.recent < 1:
-            raise HeadhuntError("sink must be >= 0 and recent >= 1 tokens")
-        if self.random_draws < 0 or self.task_repeats < 0 or self.batch_size < 1:
-            raise HeadhuntError("random draws and task repeats must be >= 0, batch size >= 1")
-        if self.needle_repeats < 1:
-            raise HeadhuntError("needle repeats must be >= 1")
-        if not self.needles and not (self.tasks and self.task_repeats):
-            raise HeadhuntError("nothing to evaluate: give needles or tasks")
-        bad = [t for t in self.tasks if t not in TASKS] + [
-            n for n in self.needles if n not in NEEDLES
-        ]
-        if bad:
-            raise HeadhuntError(
-                f"unknown task or needle {bad[0]!r} (tasks: {', '.join(TASKS)}; needles: "
-                f"{', '.join(NEEDLES)})"
-            )
 
 
 def build_eval_trials(model: HookedModel, config: KVEvalConfig) -> list[TaskTrial]:
@@ -169,7 +110,7 @@ def run_condition(
     shape = (model.n_layers, model.n_kv_heads)
     plan = None
     if ranking is not None:
-        plan = plan_from_ranking(ranking, shape, fraction, config.sink, config.recent)
+        plan = plan_from_ranking(ranking, shape, fraction, *config.window())
     stop = stop_token_ids(model.tokenizer)
     by_length: dict[int, list[TaskTrial]] = {}
     for t in trials:

@@ -3,18 +3,19 @@ then K random heads, and compare needle recall on fresh trials."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table
+from headhunt.heads.configs import DecodeBatch, NeedleTrials, RetrievalConfig
+from headhunt.methods.base import Method, default_of, option, print_table
 
 RECORDS = "records.jsonl"
 
 
 @dataclass
-class AblateConfig(MethodConfig):
+class AblateConfig(DecodeBatch, NeedleTrials):
     """An ablation run: the retrieval run to take the ranking from, and fresh trials."""
 
     scores: str | None = option(
@@ -27,30 +28,15 @@ class AblateConfig(MethodConfig):
         "query: zero the query (uniform attention, as Wu et al.); output: zero the head's output",
         choices=("query", "output"),
     )
-    lengths: list[int] = option([1000, 2000], "prompt lengths")
-    depths: list[float] = option([0.0, 50.0, 100.0], "needle depths in percent")
-    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
-    repeats: int = option(1, "trials per (length, depth, needle)")
-    max_new_tokens: int = option(24, "decoding budget per trial")
-    batch_size: int = option(8, "trials decoded together", min=1)
-    haystack: str | None = option(
-        None, "text file for the haystack (default: bundled essays)", type=str
-    )
-    seed: int = option(0, "random seed", cli=False)
+    lengths: list[int] = default_of(NeedleTrials, "lengths", [1000, 2000])
+    depths: list[float] = default_of(NeedleTrials, "depths", [0.0, 50.0, 100.0])
 
     def trials(self):
         """Fresh trials: another seed stream than any scoring run's (other answers, offsets)."""
-        from headhunt.heads.retrieval import FRESH_SEED_OFFSET, RetrievalConfig
+        from headhunt.heads.retrieval import FRESH_SEED_OFFSET
 
-        return RetrievalConfig(
-            lengths=self.lengths,
-            depths=self.depths,
-            needles=self.needles,
-            repeats=self.repeats,
-            max_new_tokens=self.max_new_tokens,
-            seed=self.seed + FRESH_SEED_OFFSET,
-            haystack=self.haystack,
-        )
+        grid = {f.name: getattr(self, f.name) for f in fields(NeedleTrials)}
+        return RetrievalConfig(**{**grid, "seed": self.seed + FRESH_SEED_OFFSET})
 
     def source(self):
         """The retrieval run it reads, checked."""
@@ -78,7 +64,6 @@ class AblateConfig(MethodConfig):
 
     def check(self) -> None:
         self.source()
-        self.trials().validate()
 
 
 class Ablate(Method):

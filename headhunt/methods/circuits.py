@@ -98,7 +98,6 @@ class CircuitsRunConfig(MethodConfig):
     batch_size: int = option(8, "prompt pairs per forward pass", min=1)
     png: bool = option(True, "plots as HTML only (PNG needs kaleido)", flag="--no-png")
     progress: bool = option(True, "no progress bars", flag="--no-progress")
-    seed: int = option(0, "random seed", cli=False)
 
     def sae(self):
         """The trials' :class:`~headhunt.sae.circuits.CircuitConfig` (validated)."""

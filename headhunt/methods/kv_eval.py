@@ -3,84 +3,21 @@ streaming heads for the rest) for several head rankings, on needles and RULER-li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table
+from headhunt.heads.configs import KVEvalConfig
+from headhunt.methods.base import Method, print_table
 
 RECORDS = "conditions.jsonl"
 
 
-@dataclass
-class KVEvalMethodConfig(MethodConfig):
-    """The rankings and the sweep (see :class:`headhunt.heads.kv_eval.KVEvalConfig`)."""
-
-    scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
-    metric: str = option("retrieval_score", "the metric of --scores")
-    duo_pattern: str | None = option(None, "a DuoAttention pattern folder to compare", type=str)
-    random_draws: int = option(3, "random rankings", min=0)
-    fractions: list[float] = option(
-        [0.0, 0.1, 0.25, 0.5, 0.75, 1.0], "shares of KV heads with the full cache", min=0, max=1
-    )
-    sink: int | None = option(
-        None,
-        "leading tokens a streaming head keeps (default: from --sinks, else the --duo-pattern's "
-        "sink_size, else 4)",
-        type=int,
-        min=0,
-    )
-    recent: int | None = option(
-        None,
-        "trailing tokens a streaming head keeps (default: the --duo-pattern's recent_size, "
-        "else 256)",
-        type=int,
-        min=1,
-    )
-    sinks: str | None = option(
-        None, "a sinks run: the sink size keeps token 0 and its leading hidden sinks", type=str
-    )
-    lengths: list[int] = option([1000, 2000], "prompt lengths (needles and tasks)", min=64)
-    depths: list[float] = option([0.0, 25.0, 50.0, 75.0, 100.0], "needle depths in percent")
-    needles: list[str] = option(["passkey", "city", "magic"], "needle templates")
-    needle_repeats: int = option(1, "needle trials per (length, depth, needle)", min=1)
-    tasks: list[str] = option(["mk_niah", "mv_niah", "vt", "cwe"], "RULER-like tasks")
-    task_repeats: int = option(2, "trials per (task, length)", min=0)
-    batch_size: int = option(8, "trials decoded together", min=1)
-    haystack: str | None = option(None, "text file (default: the bundled essays)", type=str)
-    seed: int = option(0, "random seed", cli=False)
-    window_from: str = option("", "where --sink and --recent came from", cli=False)
-
-    def sweep(self):
-        from headhunt.heads.kv_eval import KVEvalConfig
-
-        fields = KVEvalConfig.__dataclass_fields__
-        return KVEvalConfig(**{k: v for k, v in self.to_dict().items() if k in fields})
-
-    def check(self) -> None:
-        from headhunt.export import read_scores, streaming_window
-
-        if self.duo_pattern is not None and not Path(self.duo_pattern).is_dir():
-            raise HeadhuntError(f"--duo-pattern {self.duo_pattern} is not a folder")
-        if not self.window_from:  # resolved once, before parameters.json records the sizes
-            self.sink, self.recent, self.window_from = streaming_window(
-                self.sink, self.recent, self.sinks, self.duo_pattern
-            )
-        self.sweep().validate()
-        if self.scores is not None:
-            read_scores(self.scores, self.metric)
-        if self.scores is None and self.duo_pattern is None and not self.random_draws:
-            raise HeadhuntError(
-                "nothing to rank by: give --scores, --duo-pattern or --random-draws"
-            )
-
-
 class KVEval(Method):
     name = "kv-eval"
-    Config = KVEvalMethodConfig
+    Config = KVEvalConfig
     metric = "kv_score"
     help = "KV-cache head pruning sweep (streaming heads)"
     description = """Sweep the share of KV heads that keep the full cache; the others become
@@ -94,7 +31,24 @@ ranking, fraction and task), kv_eval.html, and the ranking's per-head KV score (
 scores.parquet."""
     units = "conditions"
 
-    def run(self, model, config: KVEvalMethodConfig, ctx):
+    def prepare(self, config: KVEvalConfig) -> None:
+        from headhunt.export import read_scores, streaming_window
+
+        super().prepare(config)
+        if config.duo_pattern is not None and not Path(config.duo_pattern).is_dir():
+            raise HeadhuntError(f"--duo-pattern {config.duo_pattern} is not a folder")
+        if not config.window_from:  # resolved once, before parameters.json records the sizes
+            config.sink, config.recent, config.window_from = streaming_window(
+                config.sink, config.recent, config.sinks, config.duo_pattern
+            )
+        if config.scores is not None:
+            read_scores(config.scores, config.metric)
+        if config.scores is None and config.duo_pattern is None and not config.random_draws:
+            raise HeadhuntError(
+                "nothing to rank by: give --scores, --duo-pattern or --random-draws"
+            )
+
+    def run(self, model, config: KVEvalConfig, ctx):
         from headhunt.export import ModelShape, check_scores, read_duo, read_scores
         from headhunt.heads import kv_eval as kv
         from headhunt.heads.scores import HeadScores
@@ -104,7 +58,7 @@ scores.parquet."""
         if scores is not None:
             check_scores(scores, shape, f"--scores {config.scores}")
         duo = read_duo(config.duo_pattern, shape)[0] if config.duo_pattern else None
-        sweep = config.sweep()
+        sweep = config
         rankings = kv.kv_rankings(model, sweep, scores, duo)
         trials = kv.build_eval_trials(model, sweep)
         conds = kv.conditions(rankings, sweep.fractions)

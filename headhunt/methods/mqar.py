@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.heads.configs import WithBos
+from headhunt.methods.base import Method, option, print_table, require
 
 CELLS = "cells.jsonl"
 MASKS = "masking.jsonl"
@@ -17,7 +18,7 @@ HEADS = "heads.jsonl"
 
 
 @dataclass
-class MQARConfig(MethodConfig):
+class MQARConfig(WithBos):
     """An MQAR run: the (pairs x gap) grid, the cell where recall heads are scored and masked."""
 
     layout: str = option("kv", "kv or zoology (pretrained models)")
@@ -26,18 +27,16 @@ class MQARConfig(MethodConfig):
         16, "Zoology sequence length L = this x N (their grid: 16; at least 4)"
     )
     gaps: list[int] = option([0, 256, 1024], "filler tokens between the pairs and the queries")
-    examples: int = option(8, "examples per (pairs, gap) cell")
+    examples: int = option(8, "examples per (pairs, gap) cell", limit=100_000)
     power_a: float = option(0.01, "power-law a of the query gaps")
-    bos: bool = option(True, "do not prepend the tokenizer's BOS token", flag="--no-bos")
     heads_cell: list[int] = option(
-        [8, 0], "N,GAP of the cell where recall heads are scored and masked"
+        [8, 0], "N,GAP of the cell where recall heads are scored and masked", distinct=False
     )
-    head_examples: int = option(16, "examples of that cell")
+    head_examples: int = option(16, "examples of that cell", limit=100_000)
     top_k: int = option(10, "recall heads to mask")
-    random_sets: int = option(5, "random head sets to mask")
+    random_sets: int = option(5, "random head sets to mask", limit=10_000)
     mask_mode: str = option("query", "query (uniform attention) or output")
     batch_size: int = option(8, "examples per forward")
-    seed: int = option(0, "random seed", cli=False)
 
     def check(self) -> None:
         require(self.layout in ("kv", "zoology"), f"unknown --layout {self.layout!r} (kv, zoology)")

@@ -83,7 +83,6 @@ class ProbeRunConfig(MethodConfig):
         "controls to fit: within_type, shuffled, control (Hewitt & Liang), or none; "
         "selectivity is always against the target's informative control (fitted anyway)",
     )
-    seed: int = option(0, "random seed", cli=False)
 
     def check(self) -> None:
         require(self.target is not None, f"--target is required ({', '.join(TARGETS)})")

@@ -6,17 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headhunt.errors import HeadhuntError
-from headhunt.methods.base import Method, MethodConfig, option, print_table
+from headhunt.heads.configs import Ranking
+from headhunt.methods.base import Method, option, print_table
 
 RECORDS = "conditions.jsonl"
 
 
 @dataclass
-class PruneConfig(MethodConfig):
+class PruneConfig(Ranking):
     """Which heads go (a share of a ranking, or a list), and what to measure."""
 
-    scores: str | None = option(None, "a run directory (or scores .parquet) to rank by", type=str)
-    metric: str = option("retrieval_score", "the metric of --scores")
     tiebreak: str = option(
         "random",
         "orders heads of equal --metric score: random (seeded), masking (each head's masking "
@@ -40,7 +39,6 @@ class PruneConfig(MethodConfig):
     depths: list[float] = option([0.0, 50.0, 100.0], "needle depths in percent")
     ppl_windows: int = option(8, "perplexity windows (512 tokens)", min=1)
     batch_size: int = option(8, "needle trials decoded together", min=1)
-    seed: int = option(0, "random seed", cli=False)
 
     def check(self) -> None:
         from headhunt.export import read_scores
