@@ -69,6 +69,7 @@ class RunContext:
     progress: bool = True
     timings: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    _recorded: dict[str, dict] = field(default_factory=dict, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -146,6 +147,24 @@ class RunContext:
         records = [by_key[k] for k in keys]
         merge_records(self.run_dir, name, records)
         return records
+
+    def recorded(
+        self,
+        name: str,
+        key: Callable[[dict], Hashable],
+        unit: Hashable,
+        compute: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A keyed compute-once record: the record of ``unit`` (``key(record) == unit``) saved
+        under ``name`` by any rank or an earlier process, else ``compute()``'s, saved now. For
+        work whose units are known only as it goes (a greedy search)."""
+        cache = self._recorded.setdefault(name, {})
+        if unit not in cache:
+            cache.update({key(r): r for r in self.records(name)})
+        if unit not in cache:
+            cache[unit] = compute()
+            self.append(name, cache[unit])
+        return cache[unit]
 
     def run_conditions(
         self,

@@ -85,9 +85,6 @@ test_items.parquet and calibrate.html."""
         }
 
     def run(self, model, config: CalibrateConfig, ctx):
-        import numpy as np
-        from tqdm import tqdm
-
         from headhunt.heads import calibrate as C
         from headhunt.heads.scores import check_heads
         from headhunt.heads.tasks import load_task, split_task
@@ -105,79 +102,25 @@ test_items.parquet and calibrate.html."""
         if ctx.is_main:
             ctx.write("split.json", split.to_dict(), indent=None)
         act = config.act()
-        records = {_key(r): r for r in ctx.records(RECORDS)}
-        if records:
-            ctx.say(f"resuming: {len(records)} finished evaluations kept")
-
-        def evaluate(key: tuple, indices: list[int], heads, **extra) -> dict:
-            if key in records:
-                return records[key]
-            desc = " ".join(str(k) for k in key)
-            with tqdm(
-                total=len(indices),
-                desc=desc,
-                unit="item",
-                leave=False,
-                disable=not ctx.show_progress,
-            ) as bar:
-                s = C.evaluate(
-                    model,
-                    enc,
-                    indices,
-                    heads=heads,
-                    act=act,
-                    batch_size=config.batch_size,
-                    progress=bar.update,
-                )
-            rec = {
-                "stage": key[0],
-                **extra,
-                "acc": s.accuracy,
-                "logprob": s.mean_logprob,
-                "correct": s.correct.tolist(),
-            }
-            ctx.append(RECORDS, rec)
-            records[key] = rec
-            return rec
+        if kept := len(ctx.records(RECORDS)):
+            ctx.say(f"resuming: {kept} finished evaluations kept")
+        evaluate = _evaluator(model, enc, act, config.batch_size, ctx)
 
         t1 = time.perf_counter()
-        screen, greedy, mass, kept = [], [], None, []
-        if fixed is not None:
-            chosen = fixed
-        else:
-            key = ("mass",)
-            if key not in records and ctx.is_main:
-                print("measuring movable sink mass on the calibration prompts ...")
-                m = C.movable_sink_mass(
-                    model, enc, split.calibration, act, layers, batch_size=config.batch_size
+        found = mass = None
+        candidates: list = []
+        if fixed is None:
+            mass, candidates = _candidates(model, enc, split, act, layers, config, ctx)
+            _screen(candidates, split, evaluate, ctx)  # every rank meets at its end
+            if ctx.is_main:
+                found = C.search_heads(evaluate, candidates, split.calibration, split.dev)
+                print(
+                    f"{len(found.kept)} of {len(candidates)} candidates raise calibration "
+                    f"accuracy; {len(found.chosen)} kept by the greedy pass on dev"
                 )
-                ctx.append(RECORDS, {"stage": "mass", "mass": m.tolist()})
-            ctx.wait()  # every rank ranks the candidates from rank 0's one measurement
-            records.update({_key(r): r for r in ctx.records(RECORDS)})
-            mass = np.array(records[key]["mass"])
-            candidates = C.rank_candidates(mass, config.excluded(model.n_layers), config.max_heads)
-            # The screening (the baseline and each candidate alone on the calibration split) is
-            # dealt over the ranks; the greedy pass on dev depends on it and runs on rank 0.
-            plan = [("calib_base",), *[("screen", la, h) for la, h in candidates]]
-            for unit in tqdm(
-                ctx.todo(plan, records), desc="screening heads", unit="head",
-                disable=not ctx.show_progress,
-            ):  # fmt: skip
-                heads = [] if unit[0] == "calib_base" else [unit[1:]]
-                extra = {} if unit[0] == "calib_base" else {"layer": unit[1], "head": unit[2]}
-                evaluate(unit, split.calibration, heads, **extra)
-            ctx.wait()
-            if not ctx.is_main:
-                return None
-            records.update({_key(r): r for r in ctx.records(RECORDS)})
-            found = C.search_heads(evaluate, candidates, split.calibration, split.dev)
-            screen, greedy, kept, chosen = found.screen, found.greedy, found.kept, found.chosen
-            print(
-                f"{len(kept)} of {len(candidates)} candidates raise calibration accuracy; "
-                f"{len(chosen)} kept by the greedy pass on dev"
-            )
         if not ctx.is_main:
             return None
+        chosen = fixed if found is None else found.chosen
         saved = {"heads": chosen, "act": act.to_dict(), "task": task.name}
         ctx.write("heads.json", saved, indent=1)
         t_search = time.perf_counter() - t1
@@ -189,42 +132,108 @@ test_items.parquet and calibrate.html."""
         boot = C.paired_bootstrap(
             test_base["correct"], test_cal["correct"], config.bootstrap, config.seed
         )
+        screen, greedy = (found.screen, found.greedy) if found else ([], [])
         result = {
             "task": task.name,
             "heads": chosen,
             "n_candidates": len(screen),
-            "n_kept": len(kept),
+            "n_kept": len(found.kept) if found else 0,
             "n_accepted": len(chosen) if fixed is None else None,
             **boot.to_dict(),
         }
-        # One records file in the order one process evaluates them, however the work was split.
-        order = [("test_base",), *[("test_cal",)] * bool(chosen)]
-        if fixed is None:
-            screened = [("screen", la, h) for la, h in candidates]
-            steps = [("greedy", i) for i in range(len(greedy))]
-            order = [("mass",), ("calib_base",), *screened, ("dev_base",), *steps, *order]
-        ctx.collect(RECORDS, order, key=_key)
+        ctx.collect(RECORDS, _record_order(candidates, greedy, fixed is None, bool(chosen)), _key)
         ctx.write("result.json", result, indent=1)
-        scores = _write_tables(
-            ctx, model, split, test_base, test_cal, screen, mass, chosen, records
-        )
-        ctx.write("calibrate.html", _figure(screen, greedy, records, boot, task.name))
+        base = found.calib_base if found else None
+        scores = _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, base)
+        ctx.write("calibrate.html", _figure(screen, greedy, base, boot, task.name))
         ctx.timings.update({"search_s": t_search, "test_s": t_test})
         ctx.extra["summary"] = result
         if screen:
-            import pandas as pd
-
-            base = records[("calib_base",)]["acc"]
-            df = pd.DataFrame(screen)[["layer", "head", "acc", "logprob"]]
-            df["acc_gain"] = df["acc"] - base
-            print_table(
-                df.sort_values("acc_gain", ascending=False).head(10),
-                "screening (calibration split)",
-            )
+            _print_screen(screen, base["acc"])
         return scores
 
     def show(self, run, top: int) -> None:
         show(run.json("result.json"))
+
+
+def _evaluator(model, enc, act, batch_size: int, ctx):
+    """``evaluate(key, indices, heads, **extra)``: the task's accuracy with ``heads``
+    calibrated, a record kept under its key (an interrupted search reuses it)."""
+    from tqdm import tqdm
+
+    from headhunt.heads import calibrate as C
+
+    def evaluate(key: tuple, indices: list[int], heads, **extra) -> dict:
+        def compute() -> dict:
+            desc = " ".join(str(k) for k in key)
+            show = not ctx.show_progress
+            with tqdm(total=len(indices), desc=desc, unit="item", leave=False, disable=show) as bar:
+                s = C.evaluate(
+                    model, enc, indices, heads=heads, act=act, batch_size=batch_size,
+                    progress=bar.update,
+                )  # fmt: skip
+            rec = {"stage": key[0], **extra, "acc": s.accuracy, "logprob": s.mean_logprob}
+            return {**rec, "correct": s.correct.tolist()}
+
+        return ctx.recorded(RECORDS, _key, key, compute)
+
+    return evaluate
+
+
+def _candidates(model, enc, split, act, layers, config, ctx):
+    """The movable sink mass per head (measured once, by rank 0, on the calibration prompts)
+    and the candidate heads it ranks."""
+    import numpy as np
+
+    from headhunt.heads import calibrate as C
+
+    def measure() -> dict:
+        print("measuring movable sink mass on the calibration prompts ...")
+        m = C.movable_sink_mass(
+            model, enc, split.calibration, act, layers, batch_size=config.batch_size
+        )
+        return {"stage": "mass", "mass": m.tolist()}
+
+    if ctx.is_main:
+        ctx.recorded(RECORDS, _key, ("mass",), measure)
+    ctx.wait()  # every rank ranks the candidates from rank 0's one measurement
+    mass = np.array(ctx.recorded(RECORDS, _key, ("mass",), measure)["mass"])
+    excluded = config.excluded(model.n_layers)
+    return mass, C.rank_candidates(mass, excluded, config.max_heads)
+
+
+def _screen(candidates, split, evaluate, ctx) -> None:
+    """The baseline and each candidate alone on the calibration split, dealt over the ranks
+    (the greedy pass on dev depends on them all and runs on rank 0)."""
+    from tqdm import tqdm
+
+    plan = [("calib_base",), *[("screen", la, h) for la, h in candidates]]
+    todo = ctx.todo(plan, ctx.done(RECORDS, key=_key))
+    for unit in tqdm(todo, desc="screening heads", unit="head", disable=not ctx.show_progress):
+        heads = [] if unit[0] == "calib_base" else [unit[1:]]
+        extra = {} if unit[0] == "calib_base" else {"layer": unit[1], "head": unit[2]}
+        evaluate(unit, split.calibration, heads, **extra)
+    ctx.wait()
+
+
+def _record_order(candidates, greedy, searched: bool, calibrated: bool) -> list[tuple]:
+    """records.jsonl's order as one process evaluates them, however the work was split."""
+    order = [("test_base",), *[("test_cal",)] * calibrated]
+    if searched:
+        screened = [("screen", la, h) for la, h in candidates]
+        steps = [("greedy", i) for i in range(len(greedy))]
+        order = [("mass",), ("calib_base",), *screened, ("dev_base",), *steps, *order]
+    return order
+
+
+def _print_screen(screen, base_acc: float) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(screen)[["layer", "head", "acc", "logprob"]]
+    df["acc_gain"] = df["acc"] - base_acc
+    print_table(
+        df.sort_values("acc_gain", ascending=False).head(10), "screening (calibration split)"
+    )
 
 
 def _key(r: dict) -> tuple:
@@ -242,7 +251,7 @@ def _task_hash(task) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, records):
+def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, calib_base):
     import numpy as np
     import pandas as pd
 
@@ -255,7 +264,7 @@ def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, 
         )
     nan = np.full((model.n_layers, model.n_heads), np.nan)
     if screen:
-        base = records[("calib_base",)]
+        base = calib_base
         gain, lp = nan.copy(), nan.copy()
         for r in screen:
             gain[r["layer"], r["head"]] = r["acc"] - base["acc"]
@@ -277,7 +286,7 @@ def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, 
     return scores
 
 
-def _figure(screen, greedy, records, boot, task_name: str):
+def _figure(screen, greedy, calib_base, boot, task_name: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -291,7 +300,7 @@ def _figure(screen, greedy, records, boot, task_name: str):
         ),
     )
     if screen:
-        base = records[("calib_base",)]["acc"]
+        base = calib_base["acc"]
         fig.add_trace(
             go.Bar(
                 x=[f"{r['layer']}-{r['head']}" for r in screen],
