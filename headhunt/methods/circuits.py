@@ -203,25 +203,14 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         import numpy as np
 
         from headhunt.heads.scores import HeadScores
-        from headhunt.sae import activations, report, roc, scoring
-        from headhunt.sae.circuits import NODE_RULES, Trial, run_trial, summarize
+        from headhunt.sae import activations, report
+        from headhunt.sae.circuits import NODE_RULES, summarize
 
         L, H = model.n_layers, model.n_heads
         params, sae_config = numbers(config), config.sae()
         progress = config.progress and ctx.show_progress
-        pairs = report.load_pairs(model, params, config.task_file)
-        # A prompt longer than the context would fail only after minutes of capture and patching.
-        longest = max(len(ids) for ids in [*pairs.positive, *pairs.negative])
-        require(
-            longest <= model.max_context,
-            f"a prompt has {longest} tokens, more than the model's context ({model.max_context})",
-        )
-        if ctx.is_main:
-            ctx.write("pairs.jsonl", [p.to_dict() for p in pairs.pairs])
-            if config.truth_from:
-                _reuse_truth(config.truth_from, model, ctx, params)
+        pairs = _pairs(model, config, params, ctx)
         timings = ctx.timings
-
         t0 = time.perf_counter()
         acts = activations.head_outputs(
             model,
@@ -231,36 +220,11 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             progress=progress,
         )
         timings["capture"] = time.perf_counter() - t0
-
-        truth = effect = None
-        patch: dict[str, Any] = {}
-        if config.truth:
-            patch = _patching(model, pairs, ctx, config.batch_size, progress)
-            timings["patching"] = patch["seconds"]
-            effect = np.asarray(patch["effect"])
-            truth = roc.binarize_truth(
-                effect, share=sae_config.truth_share, top=sae_config.truth_top
-            ).ravel()
-        eap_pairs = None
-        if config.eap:
-            eap_pairs, timings["eap"] = _eap(model, pairs, ctx, config.batch_size, progress)
-
-        # The trials: dealt over the ranks, each saved as it finishes (trial 0's SAE first, so
-        # a resume that skips trial 0 finds its SAE).
-        plan = list(range(sae_config.trials))
-        done = ctx.done(TRIALS, key=lambda r: r["index"])
-        from tqdm.auto import tqdm
-
-        for t in tqdm(ctx.todo(plan, done), desc="SAE trials", disable=not progress, leave=False):
-            trial = run_trial(t, acts, sae_config, eap_pairs=eap_pairs, truth=truth)
-            if t == 0 and trial.sae is not None:
-                _save_sae(trial.sae, ctx)
-            ctx.append(TRIALS, trial.record())
-        ctx.wait()
-        records = ctx.collect(TRIALS, plan, key=lambda r: r["index"])
-        if records is None:
+        patch, truth, eap_pairs = _references(model, pairs, config, ctx, progress)
+        effect = np.asarray(patch["effect"]) if patch else None
+        trials = _run_trials(acts, sae_config, eap_pairs, truth, ctx, progress)
+        if trials is None:
             return None
-        trials = [Trial.from_record(r) for r in records]
         timings["sae_train_per_trial"] = float(np.mean([t.seconds["sae_train"] for t in trials]))
         timings["sae_score_per_trial"] = float(np.mean([t.seconds["sae_score"] for t in trials]))
         timings["sae_method"] = (
@@ -269,43 +233,15 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
 
         sae_scores = report.mean_scores(trials)
         rule_key = NODE_RULES[sae_config.node_rule]
-
-        def table(metric: str, values) -> HeadScores:
-            return HeadScores.from_matrix(
-                metric, np.asarray(values).reshape(L, H), n_kv_heads=model.n_kv_heads
-            )
-
-        tables = [table(k, v) for k, v in sae_scores.items()]
-        if eap_pairs is not None:
-            tables.append(table("eap", eap_pairs.mean(0)))
-        if effect is not None:
-            tables += [
-                table("patching", effect),
-                table("patching_norm", patch["normalised"]),
-                table("truth", truth.astype(float)),
-            ]
+        tables = _tables(model, sae_scores, eap_pairs, patch, truth)
         _write_edges(ctx, trials, L, H)
-
-        ranking = sae_scores[rule_key].reshape(L, H)
-        if config.circuit_threshold is not None:
-            chosen = scoring.circuit(ranking, threshold=config.circuit_threshold)
-            rule = f"{rule_key} > {config.circuit_threshold}"
-        else:
-            size = config.circuit_size or (int(truth.sum()) if truth is not None else 10)
-            chosen = scoring.circuit(ranking, size=min(size, L * H))
-            rule = f"top {size} heads by {rule_key}"
-        truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
-        circuit = {"rule": rule, "heads": chosen}
+        circuit = _circuit(config, sae_scores[rule_key].reshape(L, H), rule_key, truth)
         ctx.write("circuit.json", circuit)
         summary = summarize(trials) if truth is not None else {}
-        truth_rule = (
-            f"top {sae_config.truth_top} heads by |patching effect|"
-            if sae_config.truth_top is not None
-            else f"fewest heads covering {sae_config.truth_share:.0%} of total |patching effect|"
-        )
+        truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
         auc = {
             "methods": summary,
-            "truth_rule": truth_rule,
+            "truth_rule": _truth_rule(sae_config),
             "truth_heads": truth_heads,
             "clean_metric": patch.get("clean_metric"),
             "corrupt_metric": patch.get("corrupt_metric"),
@@ -392,6 +328,108 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
             )
             if key in r and n_heads
         )
+
+
+def _pairs(model, config: CircuitsRunConfig, params: dict[str, Any], ctx):
+    """The task's prompt pairs, checked against the context and kept in ``pairs.jsonl`` (with
+    the ground truth of --truth-from copied in)."""
+    from headhunt.sae import report
+
+    pairs = report.load_pairs(model, params, config.task_file)
+    # A prompt longer than the context would fail only after minutes of capture and patching.
+    longest = max(len(ids) for ids in [*pairs.positive, *pairs.negative])
+    require(
+        longest <= model.max_context,
+        f"a prompt has {longest} tokens, more than the model's context ({model.max_context})",
+    )
+    if ctx.is_main:
+        ctx.write("pairs.jsonl", [p.to_dict() for p in pairs.pairs])
+        if config.truth_from:
+            _reuse_truth(config.truth_from, model, ctx, params)
+    return pairs
+
+
+def _references(model, pairs, config: CircuitsRunConfig, ctx, progress: bool):
+    """What the SAE scores are checked against, each computed once per run: the patching
+    ground truth (its record and the binarised truth per head) and per-pair EAP."""
+    import numpy as np
+
+    from headhunt.sae import roc
+
+    sae_config = config.sae()
+    patch: dict[str, Any] = {}
+    truth = eap_pairs = None
+    if config.truth:
+        patch = _patching(model, pairs, ctx, config.batch_size, progress)
+        ctx.timings["patching"] = patch["seconds"]
+        truth = roc.binarize_truth(
+            np.asarray(patch["effect"]), share=sae_config.truth_share, top=sae_config.truth_top
+        ).ravel()
+    if config.eap:
+        eap_pairs, ctx.timings["eap"] = _eap(model, pairs, ctx, config.batch_size, progress)
+    return patch, truth, eap_pairs
+
+
+def _run_trials(acts, sae_config, eap_pairs, truth, ctx, progress: bool):
+    """The SAE trials, dealt over the ranks, each saved as it finishes (trial 0's SAE first,
+    so a resume that skips trial 0 finds its SAE); rank 0 gets them all, the others None."""
+    from tqdm.auto import tqdm
+
+    from headhunt.sae.circuits import Trial, run_trial
+
+    plan = list(range(sae_config.trials))
+    done = ctx.done(TRIALS, key=lambda r: r["index"])
+    for t in tqdm(ctx.todo(plan, done), desc="SAE trials", disable=not progress, leave=False):
+        trial = run_trial(t, acts, sae_config, eap_pairs=eap_pairs, truth=truth)
+        if t == 0 and trial.sae is not None:
+            _save_sae(trial.sae, ctx)
+        ctx.append(TRIALS, trial.record())
+    ctx.wait()
+    records = ctx.collect(TRIALS, plan, key=lambda r: r["index"])
+    return None if records is None else [Trial.from_record(r) for r in records]
+
+
+def _tables(model, sae_scores, eap_pairs, patch, truth) -> list:
+    """Every per-head score of the run: the SAE's, EAP's and the patching ground truth's."""
+    import numpy as np
+
+    from headhunt.heads.scores import HeadScores
+
+    def table(metric: str, values) -> HeadScores:
+        shape = (model.n_layers, model.n_heads)
+        return HeadScores.from_matrix(
+            metric, np.asarray(values).reshape(shape), n_kv_heads=model.n_kv_heads
+        )
+
+    tables = [table(k, v) for k, v in sae_scores.items()]
+    if eap_pairs is not None:
+        tables.append(table("eap", eap_pairs.mean(0)))
+    if patch:
+        tables += [
+            table("patching", patch["effect"]),
+            table("patching_norm", patch["normalised"]),
+            table("truth", truth.astype(float)),
+        ]
+    return tables
+
+
+def _circuit(config: CircuitsRunConfig, ranking, rule_key: str, truth) -> dict[str, Any]:
+    """The heads called the circuit: above --circuit-threshold, else the top --circuit-size
+    (default: as many as the ground truth has, else 10)."""
+    from headhunt.sae import scoring
+
+    if config.circuit_threshold is not None:
+        chosen = scoring.circuit(ranking, threshold=config.circuit_threshold)
+        return {"rule": f"{rule_key} > {config.circuit_threshold}", "heads": chosen}
+    size = config.circuit_size or (int(truth.sum()) if truth is not None else 10)
+    chosen = scoring.circuit(ranking, size=min(size, ranking.size))
+    return {"rule": f"top {size} heads by {rule_key}", "heads": chosen}
+
+
+def _truth_rule(sae_config) -> str:
+    if sae_config.truth_top is not None:
+        return f"top {sae_config.truth_top} heads by |patching effect|"
+    return f"fewest heads covering {sae_config.truth_share:.0%} of total |patching effect|"
 
 
 def _reuse_truth(src: str, model, ctx, params: dict[str, Any]) -> None:

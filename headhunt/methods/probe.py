@@ -173,9 +173,6 @@ class Probe(Method):
     def run(self, model, config: ProbeRunConfig, ctx):
         import shutil
 
-        import numpy as np
-        from tqdm.auto import tqdm
-
         from headhunt.probes import linear, states
 
         t0 = time.perf_counter()
@@ -210,42 +207,15 @@ class Probe(Method):
             ctx.write("rows.parquet", target.frame())
 
         t1 = time.perf_counter()
-        store = None
-        if ctx.is_main:  # captured once (resumable by shard); the other ranks read it
-            store = states.capture_states(
-                model, target.texts, ctx.path("states"), cap, progress=ctx.show_progress
-            )
-        ctx.wait()
-        if store is None:
-            store = states.StateStore.open(ctx.path("states"))
-        if not np.array_equal(store.rows()["item"], groups):
-            raise HeadhuntError("captured rows do not match the target's rows; rerun with --force")
+        store = _capture(model, target, groups, cap, ctx)
         ctx.timings["capture"] = time.perf_counter() - t1
-
         t2 = time.perf_counter()
         units = [(L, linear.RESIDUAL) for L in layers]
         if config.heads:
             units += [(L, h) for L in layers for h in range(model.n_heads)]
-        parts = ctx.path(PARTS)
-        parts.mkdir(exist_ok=True)
-        key = lambda r: (r["layer"], r["head"])  # noqa: E731
-        done = {key(r) for r in ctx.records(RECORDS) if (parts / _unit_name(*key(r))).is_file()}
-        mine = ctx.todo(units, done)
-        for layer, head in tqdm(mine, desc="probe", unit="probe", disable=not ctx.show_progress):
-            x = store.layer(layer) if head == linear.RESIDUAL else store.head(layer, head)
-            res = prober.fit(x, layer, head)
-            ctx.write(f"{PARTS}/{_unit_name(layer, head)}", res.weights)
-            ctx.append(RECORDS, {"layer": layer, "head": head, "metrics": res.metrics})
-        ctx.wait()
-        records = ctx.collect(RECORDS, units, key=key)
-        if records is None:
+        results = _fit(units, prober, store, ctx)
+        if results is None:
             return None
-        results = [
-            linear.ProbeResult(
-                r["layer"], r["head"], r["metrics"], _load(parts / _unit_name(*key(r)))
-            )
-            for r in records
-        ]
         ctx.timings["probe"] = time.perf_counter() - t2
 
         ctx.write("probe_weights.safetensors", linear.weight_tensors(results))
@@ -255,25 +225,12 @@ class Probe(Method):
         )
         fig = linear.curve_figure(results, target.task, title)
         ctx.write("probe_curve.html", fig)
-        shutil.rmtree(parts)
+        shutil.rmtree(ctx.path(PARTS))
         if config.drop_states:
             shutil.rmtree(ctx.path("states"))
-        ctx.extra["target"] = {
-            "name": target.name,
-            "task": target.task,
-            "classes": target.classes,
-            "control_types": target.types,
-            "control": target.control,
-            "control_why": target.control_why,
-            "n_types": int(len(np.unique(types))),
-            "n_texts": len(target.texts),
-            "n_rows": int(len(labels)),
-            **target.params,
-        }
+        ctx.extra["target"] = _target_facts(target, labels, types)
         ctx.extra["capture"] = store.meta
-        ctx.extra["probe"] = (
-            prober.config.to_dict()
-        )  # selectivity_vs resolved ("auto" -> the control)
+        ctx.extra["probe"] = prober.config.to_dict()  # selectivity_vs resolved ("auto" -> ...)
         self._note = selectivity_note(results, prober.config, target)
         return linear.to_scores(results, model.group_size)
 
@@ -285,6 +242,74 @@ class Probe(Method):
         note = getattr(self, "_note", None)
         if note:
             print(note)
+
+
+def _capture(model, target, groups, cap, ctx):
+    """The target's hidden states, captured once by rank 0 (resumable by shard); the other
+    ranks read them."""
+    import numpy as np
+
+    from headhunt.probes import states
+
+    store = None
+    if ctx.is_main:
+        store = states.capture_states(
+            model, target.texts, ctx.path("states"), cap, progress=ctx.show_progress
+        )
+    ctx.wait()
+    if store is None:
+        store = states.StateStore.open(ctx.path("states"))
+    if not np.array_equal(store.rows()["item"], groups):
+        raise HeadhuntError("captured rows do not match the target's rows; rerun with --force")
+    return store
+
+
+def _fit(units, prober, store, ctx):
+    """One probe per (layer, head) unit, dealt over the ranks; each keeps its weights in
+    ``parts/`` and its metrics as a record. Rank 0 gets every result in plan order."""
+    from tqdm.auto import tqdm
+
+    from headhunt.probes import linear
+
+    parts = ctx.path(PARTS)
+    parts.mkdir(exist_ok=True)
+
+    def key(r: dict) -> tuple[int, int]:
+        return r["layer"], r["head"]
+
+    done = {key(r) for r in ctx.records(RECORDS) if (parts / _unit_name(*key(r))).is_file()}
+    mine = ctx.todo(units, done)
+    for layer, head in tqdm(mine, desc="probe", unit="probe", disable=not ctx.show_progress):
+        x = store.layer(layer) if head == linear.RESIDUAL else store.head(layer, head)
+        res = prober.fit(x, layer, head)
+        ctx.write(f"{PARTS}/{_unit_name(layer, head)}", res.weights)
+        ctx.append(RECORDS, {"layer": layer, "head": head, "metrics": res.metrics})
+    ctx.wait()
+    records = ctx.collect(RECORDS, units, key=key)
+    if records is None:
+        return None
+    return [
+        linear.ProbeResult(r["layer"], r["head"], r["metrics"], _load(parts / _unit_name(*key(r))))
+        for r in records
+    ]
+
+
+def _target_facts(target, labels, types) -> dict[str, Any]:
+    """What the manifest says of the target."""
+    import numpy as np
+
+    return {
+        "name": target.name,
+        "task": target.task,
+        "classes": target.classes,
+        "control_types": target.types,
+        "control": target.control,
+        "control_why": target.control_why,
+        "n_types": int(len(np.unique(types))),
+        "n_texts": len(target.texts),
+        "n_rows": int(len(labels)),
+        **target.params,
+    }
 
 
 def selectivity_note(results, config, target) -> str:
