@@ -165,3 +165,74 @@ def test_help_of_a_no_flag_says_what_it_does_not_a_default():
             seen += 1
     assert seen >= 4  # --no-bos, --no-truth, --no-eap, --no-png, ...
     assert "(default: 24)" in _flag_help("retrieval", "--max-new-tokens")
+
+
+# Library configs that still declare a method config's fields a second time (four or more
+# shared names: a second declaration of one config, not a shared word), each with why it is
+# not merged yet. The list only shrinks (the test after next).
+KNOWN_PAIRS = {
+    "headhunt.sae.circuits.CircuitConfig": "circuits' --truth-top replaces the 0.5 --truth-share "
+    "default, while the library refuses both set (tests/sae/test_circuits.py)",
+    "headhunt.sae.discrete.SAEConfig": "the SAE's own hyperparameters, built per trial by "
+    "CircuitConfig.sae_config",
+    "headhunt.heads.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
+    "(plus --sweep); the library's keep is the list of shares measured",
+    "headhunt.probes.linear.ProbeConfig": "probe's --task auto and --controls none are resolved "
+    "from the target before the prober's config is made",
+    "headhunt.probes.states.CaptureConfig": "probe's --state-dtype, --layers, --heads, "
+    "--shard-size are the capture's own settings",
+}
+
+
+def library_pairs() -> dict[str, str]:
+    """Config dataclasses of the analyzer and capture layers that are no method config but
+    repeat four or more fields of one -> the method."""
+    import importlib
+    import pkgutil
+
+    import headhunt.heads
+    import headhunt.probes
+    import headhunt.sae
+
+    method_fields = {n: {f.name for f in fields(get(n).Config)} - {"seed"} for n in METHODS}
+    found = {}
+    for package in (headhunt.heads, headhunt.sae, headhunt.probes):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, obj in vars(module).items():
+                if not (
+                    isinstance(obj, type)
+                    and name.endswith("Config")
+                    and obj.__module__ == module.__name__
+                    and "__dataclass_fields__" in obj.__dict__
+                    and not issubclass(obj, MethodConfig)
+                ):
+                    continue
+                own = {f.name for f in fields(obj)}
+                for method, names in method_fields.items():
+                    if len(own & names) >= 4:
+                        found[f"{obj.__module__}.{name}"] = method
+    return found
+
+
+def test_no_library_config_repeats_a_method_config_beyond_the_known_pairs():
+    assert sorted(set(library_pairs()) - set(KNOWN_PAIRS)) == []
+
+
+def test_the_known_pairs_are_still_pairs():
+    assert sorted(set(KNOWN_PAIRS) - set(library_pairs())) == []
+
+
+def test_the_pair_check_sees_a_planted_library_config(monkeypatch):
+    import headhunt.heads.needles as needles
+
+    @dataclass
+    class PlantedConfig:  # sinks' analysis settings, declared again in the library
+        tau: float = 0.1
+        min_queries: int = 32
+        min_query_share: float = 0.1
+        eps: float = 0.3
+
+    PlantedConfig.__module__ = needles.__name__
+    monkeypatch.setattr(needles, "PlantedConfig", PlantedConfig, raising=False)
+    assert library_pairs()["headhunt.heads.needles.PlantedConfig"] == "sinks"
