@@ -4,7 +4,7 @@ uninterrupted run's (issue 18's fault-injection test).
 Each method is killed several times in a row before the final resume: three times in the middle
 of a durable write (``HEADHUNT_KILL_AT_WRITE=N``: half of the N-th record or atomic file is on
 disk, then SIGKILL), and twice at a random moment after the run folder appeared (seeded, so a
-failure replays). That is 35 kills over seven methods, sinks' last one on a two-process group
+failure replays). That is 50 kills over ten methods, sinks' last one on a two-process group
 (the launcher is killed; its workers die with it)."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from headhunt.cli import main
 WORDS = "the secret code of the vault is blue . remember the code and read the answer . "
 THINGS = ["code", "key", "word", "number", "gate", "lamp", "river", "bread", "park", "city"]
 COLOURS = [("blue", "red"), ("red", "green"), ("green", "blue")]
-TIMES = {"seconds", "trials_per_s"}  # wall times kept inside a method's files
+TIMES = {"seconds", "trials_per_s", "prefill_s"}  # wall times kept inside a method's files
+TRIALS = ["--lengths", "128", "--depths", "0,100", "--needles", "passkey", "--max-new-tokens", "3"]
 
 
 def case_argv(method: str, model: Path, data: Path) -> list[str]:
@@ -48,6 +49,17 @@ def case_argv(method: str, model: Path, data: Path) -> list[str]:
         return ["kv-eval", *common, "--fractions", "0,0.5,1", "--lengths", "150", "--depths",
                 "50", "--needles", "passkey", "--tasks", "mk_niah", "--task-repeats", "1",
                 "--random-draws", "2", "--sink", "2", "--recent", "16"]  # fmt: skip
+    if method == "ablate":
+        return ["ablate", *common, "--scores", str(data / "retrieval"), *TRIALS, "--top-k", "2",
+                "--draws", "2", "--batch-size", "1"]  # fmt: skip
+    if method == "calibrate":
+        return ["calibrate", *common, "--task", str(data / "task.jsonl"), "--n-calib", "6",
+                "--n-dev", "6", "--max-heads", "3", "--exclude-layers", "0", "--bootstrap",
+                "100", "--batch-size", "4"]  # fmt: skip
+    if method == "prune":
+        return ["prune", *common, "--scores", str(data / "retrieval"), "--keep", "0.5",
+                "--evaluate", "--draws", "1", "--lengths", "150", "--depths", "50",
+                "--ppl-windows", "1"]  # fmt: skip
     if method == "probe":
         return ["probe", *common, "--target", "jsonl", "--data", str(data / "probe.jsonl"),
                 "--folds", "2", "--grid", "0.1,1", "--heads", "--shard-size", "4",
@@ -58,8 +70,16 @@ def case_argv(method: str, model: Path, data: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
+def data(tmp_path_factory, tiny_folder) -> Path:
     folder = tmp_path_factory.mktemp("fault-data")
+    retrieval = ["retrieval", "--model", str(tiny_folder), "--device", "cpu", *TRIALS]
+    assert main([*retrieval, "--out", str(folder / "retrieval")]) == 0  # ablate's, prune's ranking
+    task = [
+        {"text": f"the {t} is {c[0]} so it is {c[0]}", "labels": ["blue", "red", "green"],
+         "label": c[0]}
+        for t in THINGS + THINGS[::-1] for c in COLOURS
+    ]  # fmt: skip
+    (folder / "task.jsonl").write_text("".join(json.dumps(r) + "\n" for r in task))
     texts = "".join(json.dumps({"text": WORDS * k}) + "\n" for k in (4, 5, 3))
     (folder / "texts.jsonl").write_text(texts)
     (folder / "texts.txt").write_text(WORDS * 6)
@@ -93,12 +113,15 @@ def _without_times(obj):
 
 def assert_same_run(a: Path, b: Path) -> None:
     """Every file equal, but the manifest (timings: parameters and file list compared), HTML
-    (random element ids) and wall times inside a method's JSON and safetensors files."""
+    (random element ids) and wall times inside a method's JSON, CSV and safetensors files;
+    folders (a pruned model) file by file."""
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
     for name in names:
         pa, pb = a / name, b / name
-        if name == "manifest.json":
+        if pa.is_dir():
+            assert_same_run(pa, pb)
+        elif name == "manifest.json":
             ma, mb = (json.loads(p.read_text()) for p in (pa, pb))
             assert (ma["parameters"], ma["files"]) == (mb["parameters"], mb["files"])
         elif name.endswith(".html"):
@@ -109,6 +132,12 @@ def assert_same_run(a: Path, b: Path) -> None:
         elif name.endswith(".json"):
             ja, jb = (json.loads(p.read_text()) for p in (pa, pb))
             assert _without_times(ja) == _without_times(jb), name
+        elif name.endswith(".csv"):
+            import pandas as pd
+
+            fa, fb = (pd.read_csv(p) for p in (pa, pb))
+            pd.testing.assert_frame_equal(fa.drop(columns=TIMES, errors="ignore"),
+                                          fb.drop(columns=TIMES, errors="ignore"))  # fmt: skip
         elif name == "eap.safetensors":
             from safetensors.torch import load_file
 
@@ -127,7 +156,19 @@ def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    "method", ["retrieval", "sinks", "ngram", "mqar", "circuits", "kv-eval", "probe"]
+    "method",
+    [
+        "retrieval",
+        "sinks",
+        "ngram",
+        "mqar",
+        "circuits",
+        "kv-eval",
+        "probe",
+        "ablate",
+        "calibrate",
+        "prune",
+    ],  # fmt: skip
 )
 def test_kill_9_then_resume_gives_the_uninterrupted_run(method, tiny_folder, data, tmp_path):
     argv = case_argv(method, tiny_folder, data)
