@@ -205,8 +205,9 @@ class Encoder:
         after = self._enc(self.after_text + (" " + ex.lead if ex.lead else ""))
         q = self._enc(ex.question)
         nq = self._enc(NULL_QUESTION)
-        space = " " if (ex.lead or not self.chat) else ""
-        answer = self._enc(space + ex.answer)
+        # The answer follows the lead after a space, unless the lead opens it (a quote).
+        glued = ex.lead[-1:] in ("\"", "'", "(", "[") if ex.lead else self.chat
+        answer = self._enc(("" if glued else " ") + ex.answer)
         full = prefix + q + after + answer
         null = prefix + nq + after
         if len(full) > self.max_context:
@@ -249,10 +250,11 @@ FIRST = ["Arlo", "Bea", "Cyrus", "Dana", "Elio", "Fern", "Gus", "Hana", "Ivo", "
 FIRST += ["Lena", "Milo", "Nora", "Otto", "Pia", "Rafe", "Sora", "Tess", "Umar", "Vera"]
 LAST = ["Penwick", "Harlow", "Quill", "Marsh", "Thorne", "Ashby", "Vance", "Rook", "Sterling"]
 LAST += ["Fairley", "Cobb", "Lark", "Wren", "Holt", "Dale", "Stroud"]
+# City names: words the small models spell in one or two tokens and answer well (pets and
+# fruits, tried on SmolLM2-135M, drew articles and misspellings instead).
 ATTRIBUTES = {
     "home city": ["Lisbon", "Oslo", "Kyoto", "Cairo", "Lima", "Dublin", "Hanoi", "Vienna"],
-    "favourite fruit": ["apple", "mango", "cherry", "plum", "lemon", "peach", "grape", "melon"],
-    "pet": ["parrot", "tortoise", "rabbit", "hamster", "ferret", "goldfish", "pony", "cat"],
+    "favourite city": ["Perth", "Porto", "Quito", "Seville", "Bergen", "Nairobi", "Montreal"],
 }
 
 

@@ -315,9 +315,9 @@ def score_example(
         ev[inside] = cap.on_evidence[(pos[inside] - lo)]
         same = ids_t[pos.clamp(0, len(ids) - 1)] == gold.cpu()[None]
         copy[layer] = (ev & same).float().mean(1).numpy()
-        w_o = output_projection(model, layer).float().cpu()
+        w_o = output_projection(model, layer).float()
         w_h = w_o.view(w_o.shape[0], H, -1)  # [d_model, hq, d]
-        per_head = torch.einsum("mhd,rm->rhd", w_h, direction)  # [answer, hq, d]
+        per_head = torch.einsum("mhd,rm->rhd", w_h, direction.to(w_o.device)).cpu()
         w_ev[layer] = (cap.z_evidence[layer] * per_head).sum(-1).mean(0).numpy()
         w_off[layer] = (cap.z_other[layer] * per_head).sum(-1).mean(0).numpy()
     return ExampleResult(
@@ -339,9 +339,9 @@ def write_directions(
     """``g * U[gold_t] / rms(x_t)``: a residual vector's dot product with it is its part of the
     gold logit with the final norm's scale frozen at the real residual ``x_t``."""
     unembed = model.model.get_output_embeddings().weight.detach()
-    u = unembed[gold.to(unembed.device)].float().cpu()
-    g = norm_gain(norm, model.d_model).cpu()
-    return u * g[None] / rms(norm, x.cpu())[:, None]
+    u = unembed[gold.to(unembed.device)].float()
+    g = norm_gain(norm, model.d_model).to(u.device)
+    return u * g[None] / rms(norm, x.to(u.device))[:, None]
 
 
 # ---------------------------------------------------------------- heads over examples
