@@ -22,9 +22,11 @@ replaced by "N/A") calibrates query focus, as QRHead does.
   minus the same over the other context keys. Averaged over answer steps, and over the
   examples the model answers correctly (LOCOS's correctness filter).
 
-Probabilities come from each chosen row's log-sum-exp (:func:`headhunt.kernels.attention_stats`
-on the question and answer rows only) and :func:`headhunt.kernels.attention_probs_at` over the
-context keys in chunks: no N x N matrix, the layer's own mask, window and softcap.
+Probabilities are exact: each chosen row's log-sum-exp comes from
+:func:`headhunt.kernels.attention_stats` on the question and answer rows only, and a row's
+probabilities on the context keys are ``exp(score - lse)`` (the same numbers as
+:func:`headhunt.kernels.attention_probs_at`): a few dense rows, never an N x N matrix, with the
+layer's own mask, window and softcap.
 """
 
 from __future__ import annotations
@@ -44,8 +46,6 @@ from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 
 DETECTORS = {"copy": "copy_score", "query": "query_focus", "write": "write_score"}
-# Pairs per attention_probs_at call (x head dim floats gathered per head): bounds memory.
-PAIRS_PER_CALL = 1 << 16
 
 
 def _rows_kwargs(kw: dict, start: int, stop: int) -> dict:
@@ -107,49 +107,35 @@ class TaskCapture(AttentionHook):
         from headhunt.kernels import attention_stats
 
         q = call.query[:, :, s:e]
-        return q, attention_stats(q, call.key, key_stats=False, **_rows_kwargs(kw, s, e))
+        return attention_stats(q, call.key, key_stats=False, **_rows_kwargs(kw, s, e))
 
-    def _probs(self, call, kw, q, lse, s, e, k0, k1) -> Float[Tensor, "hq rows keys"]:
-        """Exact probabilities of rows [s, e) on keys [k0, k1): [hq, rows, keys]."""
-        from headhunt.kernels import attention_probs_at
-
-        r, dev = e - s, call.query.device
-        rows = torch.arange(r, device=dev).repeat_interleave(k1 - k0)
-        keys = torch.arange(k0, k1, device=dev).repeat(r)
-        p = attention_probs_at(q, call.key, lse, rows, keys, **_rows_kwargs(kw, s, e))
-        return p[0].view(-1, r, k1 - k0)
-
-    def _chunks(self, rows: int):
-        step = max(1, PAIRS_PER_CALL // max(rows, 1))
-        for k0 in range(self.lo, self.hi, step):
-            yield k0, min(self.hi, k0 + step)
+    def probs(self, call: AttentionCall, lse, s: int, e: int) -> Float[Tensor, "hq rows keys"]:
+        """Exact probabilities of rows [s, e) on the context keys: ``exp(score - lse)``, the
+        scores as the layer's kernel makes them (scale, softcap, mask and window:
+        :meth:`AttentionCall.scores`, a few dense rows), the log-sum-exp from the kernels (so
+        a learned sink's share is left out, as in the model). The same numbers as
+        :func:`headhunt.kernels.attention_probs_at` on every (row, key) pair, in one matmul
+        per layer instead of a gather per pair."""
+        scores = call.scores(slice(s, e))[0, :, :, self.lo : self.hi]
+        return torch.exp(scores - lse[0][..., None])
 
     def _mass(self, call, kw, s, e) -> Tensor:
-        q, stats = self._lse(call, kw, s, e)
-        hq = q.shape[1]
-        mass = torch.zeros(hq, len(self.doc_spans) + 1, device=q.device)
-        for k0, k1 in self._chunks(e - s):
-            p = self._probs(call, kw, q, stats.lse, s, e, k0, k1).mean(1)  # [hq, keys]
-            idx = self.doc_of[k0 - self.lo : k1 - self.lo].to(q.device)
-            mass.index_add_(1, idx, p)
+        stats = self._lse(call, kw, s, e)
+        p = self.probs(call, stats.lse, s, e).mean(1)  # [hq, keys]
+        mass = torch.zeros(p.shape[0], len(self.doc_spans) + 1, device=p.device)
+        mass.index_add_(1, self.doc_of.to(p.device), p)
         return mass[:, :-1].cpu()
 
     def _answer(self, call, kw, s, e) -> None:
-        q, stats = self._lse(call, kw, s, e)
-        hq, group = q.shape[1], q.shape[1] // call.key.shape[1]
+        stats = self._lse(call, kw, s, e)
+        hq, group = call.query.shape[1], call.query.shape[1] // call.key.shape[1]
         self.argmax[call.layer] = (stats.argmax[0] + call.key_start).cpu()  # [hq, answer]
-        v = call.value[0].float()  # [hkv, nk, d]
-        z_ev = torch.zeros(e - s, hq, v.shape[-1], device=v.device)
-        z_off = torch.zeros_like(z_ev)
-        kv = torch.arange(hq, device=v.device) // group
-        for k0, k1 in self._chunks(e - s):
-            p = self._probs(call, kw, q, stats.lse, s, e, k0, k1)  # [hq, rows, keys]
-            ev = self.on_evidence[k0 - self.lo : k1 - self.lo].to(v.device)
-            vals = v[kv, k0:k1]  # [hq, keys, d]
-            z_ev += torch.einsum("hrk,hkd->rhd", p * ev, vals)
-            z_off += torch.einsum("hrk,hkd->rhd", p * ~ev, vals)
-        self.z_evidence[call.layer] = z_ev.cpu()
-        self.z_other[call.layer] = z_off.cpu()
+        p = self.probs(call, stats.lse, s, e)  # [hq, rows, keys]
+        kv = torch.arange(hq, device=p.device) // group
+        vals = call.value[0, :, self.lo : self.hi].float()[kv]  # [hq, keys, d]
+        ev = self.on_evidence.to(p.device)
+        self.z_evidence[call.layer] = torch.einsum("hrk,hkd->rhd", p * ev, vals).cpu()
+        self.z_other[call.layer] = torch.einsum("hrk,hkd->rhd", p * ~ev, vals).cpu()
 
 
 class OutputSum(AttentionHook):

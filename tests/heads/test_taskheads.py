@@ -220,3 +220,33 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     assert set(run.scores().df.metric) >= {"copy_score", "query_focus", "write_score"}
     spread = hh.methods.get("taskheads").spread(run, *COPIER)
     assert len(spread) == 3 * 6 and spread.counted.sum() == 3 * 3
+
+
+def test_row_probabilities_equal_attention_probs_at():
+    """The capture's rows (exp(score - lse)) are attention_probs_at's numbers, on a sliding
+    layer past its window too (tiny Gemma 3)."""
+    from headhunt.kernels import attention_probs_at
+
+    tok = word_tokenizer()
+    m = HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=1),
+                    tokenizer=tok, name="tiny-gemma3")  # fmt: skip
+    enc = Encoder(tok, m.max_context).encode(planted_examples(1)[0])
+    cap = T.TaskCapture(enc.doc_spans, enc.evidence, enc.question)
+    seen = []
+
+    class Check(AttentionHook):
+        def before(self, call):
+            s, e = enc.question
+            kw = call.kernel_kwargs()
+            lse = cap._lse(call, kw, s, e).lse
+            rows = cap.probs(call, lse, s, e)  # [hq, rows, keys]
+            r = torch.arange(e - s).repeat_interleave(cap.hi - cap.lo)
+            k = torch.arange(cap.lo, cap.hi).repeat(e - s)
+            ref = attention_probs_at(call.query[:, :, s:e], call.key, lse, r, k,
+                                     **T._rows_kwargs(kw, s, e))  # fmt: skip
+            seen.append(call.window)
+            assert torch.allclose(rows.reshape(rows.shape[0], -1), ref[0], atol=1e-6)
+
+    with torch.no_grad(), m.hooks(Check()):
+        m.forward(torch.tensor([enc.ids]), use_cache=False)
+    assert None in seen and 8 in seen  # a full and a sliding layer
