@@ -206,7 +206,7 @@ class Encoder:
         q = self._enc(ex.question)
         nq = self._enc(NULL_QUESTION)
         # The answer follows the lead after a space, unless the lead opens it (a quote).
-        glued = ex.lead[-1:] in ("\"", "'", "(", "[") if ex.lead else self.chat
+        glued = ex.lead[-1:] in ('"', "'", "(", "[") if ex.lead else self.chat
         answer = self._enc(("" if glued else " ") + ex.answer)
         full = prefix + q + after + answer
         null = prefix + nq + after
