@@ -40,7 +40,7 @@ _EXPORTS = {
     "MQARConfig": "headhunt.methods.mqar",
     "PruneConfig": "headhunt.methods.prune",
     "KVEvalConfig": "headhunt.heads.configs",
-    "CircuitsRunConfig": "headhunt.methods.circuits",
+    "CircuitsConfig": "headhunt.sae.configs",
     "ProbeRunConfig": "headhunt.methods.probe",
     "TaskHeadsConfig": "headhunt.methods.taskheads",
     "score_retrieval": "headhunt.heads.retrieval",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -27,17 +27,10 @@ from jaxtyping import Float
 
 from headhunt.errors import HeadhuntError
 from headhunt.sae import roc, scoring
-from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
+from headhunt.sae.configs import HEAD_NORMS, NODE_RULES, CircuitConfig  # noqa: F401
+from headhunt.sae.discrete import DiscreteSAE, train_sae
 
-HEAD_NORMS = ("none", "center", "standardize")
 RULES = ("pos_only", "changed")  # node rules beyond the paper's two
-# node_rule (also the Trial attribute holding that score) -> its AUC / scores.parquet key
-NODE_RULES = {
-    "changed": "sae_changed",
-    "node": "sae_node",
-    "node_norm": "sae_node_norm",
-    "pos_only": "sae_pos_only",
-}
 
 
 def normalize_heads(
@@ -50,93 +43,6 @@ def normalize_heads(
     if mode == "standardize":
         x = x / x.norm(dim=-1).mean(0).clamp_min(1e-8)[None, :, None]
     return x
-
-
-@dataclass
-class CircuitConfig:
-    """Settings of a circuit-finding run.
-
-    Defaults: those that ranked heads best on average over IOI, greater-than and docstring on
-    SmolLM2-135M, chosen on one set of prompt pairs and checked on another (docs/circuits.md);
-    the paper's are ``sae_examples=10, position="mean", head_norm="none", dict_size=200,
-    node_rule="node"``.
-
-    Attributes:
-        trials: independent SAE runs (seeds ``seed``, ``seed + 1``, ...).
-        sae_examples: prompts (positives and negatives mixed) each SAE is trained on; None:
-            all of the trial's prompts.
-        subsample: share of the pairs each trial scores on (1.0: all pairs every trial, so
-            only the SAE's training draw and initialisation vary).
-        position: head outputs averaged over positions ("mean", the paper's) or at the "last"
-            position, where the answer is predicted.
-        head_norm: what each head's outputs go through before the SAE: "none" (the paper's),
-            "center" (minus the head's mean over the trial's prompts) or "standardize" (centred,
-            then divided by the head's mean centred norm). Centring makes the SAE model how a
-            head's output varies across prompts instead of which head wrote it; scaling stops
-            the largest heads from owning the reconstruction loss. Labels are never used.
-        dict_size, l1, lr, epochs: the SAE's (see :class:`SAEConfig`).
-        node_rule: the node score a run ranks heads by and reports as its SAE method, one of
-            :data:`NODE_RULES` (see :class:`~headhunt.sae.scoring.NodeScores`): "changed"
-            (share of pairs whose code differs between positive and negative), "node" (the
-            paper's |P \\ N|), "node_norm", "pos_only". Every rule is scored in every run.
-        edge_top_fraction: share of head pairs counted for the edge-derived head score.
-        truth_share / truth_top: how patching effects are binarised (see
-            :func:`headhunt.sae.roc.binarize_truth`); set one.
-        seed: first trial's seed.
-    """
-
-    trials: int = 10
-    sae_examples: int | None = None
-    subsample: float = 0.5
-    position: str = "last"
-    head_norm: str = "center"
-    dict_size: int = 800
-    l1: float = 0.02
-    lr: float = 1e-3
-    epochs: int = 500
-    node_rule: str = "changed"
-    edge_top_fraction: float = 0.5
-    truth_share: float | None = 0.5
-    truth_top: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.trials < 1:
-            raise HeadhuntError(f"need at least one trial, got {self.trials}")
-        if self.sae_examples is not None and self.sae_examples < 1:
-            raise HeadhuntError(f"need at least one SAE training example, got {self.sae_examples}")
-        if not 0 < self.subsample <= 1:
-            raise HeadhuntError(f"subsample must be in (0, 1], got {self.subsample}")
-        if self.position not in ("mean", "last"):
-            raise HeadhuntError(f"unknown position {self.position!r} (use mean or last)")
-        if self.head_norm not in HEAD_NORMS:
-            raise HeadhuntError(
-                f"unknown head_norm {self.head_norm!r} (use {', '.join(HEAD_NORMS)})"
-            )
-        if self.node_rule not in NODE_RULES:
-            raise HeadhuntError(
-                f"unknown node_rule {self.node_rule!r} (use {', '.join(NODE_RULES)})"
-            )
-        if (self.truth_share is None) == (self.truth_top is None):
-            raise HeadhuntError("set exactly one of truth_share and truth_top")
-
-    def sae_config(self, d_in: int, seed: int) -> SAEConfig:
-        return SAEConfig(
-            d_in=d_in,
-            dict_size=self.dict_size,
-            l1=self.l1,
-            lr=self.lr,
-            epochs=self.epochs,
-            seed=seed,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CircuitConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass

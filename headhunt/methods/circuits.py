@@ -22,7 +22,6 @@ Files written (besides ``manifest.json``):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,119 +29,17 @@ from headhunt.errors import HeadhuntError
 from headhunt.methods.base import (
     CIRCUIT,
     Method,
-    MethodConfig,
-    option,
     print_table,
     read_jsonl,
     require,
     spread_frame,
 )
+from headhunt.sae.configs import CircuitsConfig
 
 TRIALS = "trials.jsonl"
 
 
-@dataclass
-class CircuitsRunConfig(MethodConfig):
-    """A circuits run: the task's prompt pairs, the SAE trials
-    (:class:`headhunt.sae.circuits.CircuitConfig`), the ground truth and the circuit rule."""
-
-    task: str = option(
-        "ioi",
-        "task generated for the model's tokenizer",
-        choices=("ioi", "greater-than", "docstring"),
-    )
-    task_file: str | None = option(
-        None, "your own prompt pairs (JSONL); overrides --task", type=str
-    )
-    pairs: int = option(32, "prompt pairs generated for a task", min=2)
-    trials: int = option(10, "SAE runs, one seed each")
-    sae_examples: int | None = option(
-        None, "prompts each SAE trains on (default: all of a trial's)", type=int
-    )
-    subsample: float = option(0.5, "share of the pairs each trial scores on")
-    position: str = option("last", "where a head's output is read", choices=("mean", "last"))
-    head_norm: str = option(
-        "center",
-        "per-head preprocessing before the SAE: none (the paper's), center (minus the head's "
-        "mean), or standardize (centre, then scale each head to unit mean norm)",
-        choices=("none", "center", "standardize"),
-    )
-    dict_size: int = option(800, "SAE features", min=1)
-    l1: float = option(0.02, "sparsity coefficient (the paper: 0.05 for docstring)")
-    lr: float = option(1e-3, "SAE learning rate")
-    epochs: int = option(500, "SAE training epochs", min=1)
-    edge_top_fraction: float = option(0.5, "share of code pairs kept for the edge scores")
-    truth: bool = option(True, "skip activation patching", flag="--no-truth")
-    eap: bool = option(True, "skip attribution patching", flag="--no-eap")
-    truth_from: str | None = option(
-        None,
-        "reuse the patching ground truth and EAP of a finished run on the same model and "
-        "prompt pairs (e.g. to compare SAE settings without patching again)",
-        type=str,
-    )
-    truth_share: float = option(
-        0.5, "truth = fewest heads whose |patching effect| adds up to this share of the total"
-    )
-    truth_top: int | None = option(
-        None, "truth = this many heads by |effect| instead", type=int, min=1
-    )
-    circuit_size: int | None = option(
-        None, "circuit = this many heads by node score", type=int, min=1
-    )
-    circuit_threshold: float | None = option(
-        None,
-        "circuit = heads whose node-rule score (default: share of pairs whose code changes) "
-        "is above",
-        type=float,
-    )
-    batch_size: int = option(8, "prompt pairs per forward pass", min=1)
-    png: bool = option(True, "plots as HTML only (PNG needs kaleido)", flag="--no-png")
-    progress: bool = option(True, "no progress bars", flag="--no-progress")
-
-    def sae(self):
-        """The trials' :class:`~headhunt.sae.circuits.CircuitConfig` (validated)."""
-        from headhunt.sae.circuits import CircuitConfig
-
-        return CircuitConfig.from_dict(numbers(self))
-
-    def check(self) -> None:
-        require(
-            self.circuit_size is None or self.circuit_threshold is None,
-            "give --circuit-size or --circuit-threshold, not both",
-        )
-        require(self.lr > 0, f"--lr must be positive, got {self.lr}")
-        require(self.l1 >= 0, f"--l1 must not be negative, got {self.l1}")
-        require(
-            0 < self.edge_top_fraction <= 1,
-            f"--edge-top-fraction must be in (0, 1], got {self.edge_top_fraction}",
-        )
-        require(
-            0 < self.truth_share <= 1, f"--truth-share must be in (0, 1], got {self.truth_share}"
-        )
-        if self.truth_from:  # a missing or unfinished run fails now, not after the model loads
-            from headhunt.rundir import load_run
-
-            done = load_run(self.truth_from)
-            require(
-                done.method == "circuits",
-                f"--truth-from {self.truth_from} is a {done.method} run, not a circuits run",
-            )
-        if self.task_file:  # a missing, binary or malformed task file fails before the model loads
-            from headhunt.sae.tasks import read_task_file
-
-            path = Path(self.task_file).expanduser()
-            require(path.is_file(), f"no task file at {path}")
-            try:
-                path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise HeadhuntError(f"--task-file {path} is not UTF-8 text (JSON lines)") from None
-            except OSError as e:
-                raise HeadhuntError(f"cannot read --task-file {path}: {e.strerror or e}") from None
-            read_task_file(path)
-        self.sae()
-
-
-def numbers(c: CircuitsRunConfig) -> dict[str, Any]:
+def numbers(c: CircuitsConfig) -> dict[str, Any]:
     """What decides the numbers of a run (a resumed run must match them); the circuit rule,
     batch size, plots and --truth-from do not."""
     return {
@@ -169,7 +66,7 @@ def numbers(c: CircuitsRunConfig) -> dict[str, Any]:
 
 class Circuits(Method):
     name = "circuits"
-    Config = CircuitsRunConfig
+    Config = CircuitsConfig
     metric = "sae_changed"  # the default node rule (older runs open on their first view)
     help = "circuit heads from discrete SAE codes"
     description = """\
@@ -191,15 +88,40 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
     units = "trials"
     panels = frozenset({CIRCUIT})
 
-    def parameters(self, config: CircuitsRunConfig, model: str) -> dict[str, Any]:
+    def prepare(self, config: CircuitsConfig) -> None:
+        super().prepare(config)
+        if config.truth_from:  # a missing or unfinished run fails now, not after the model loads
+            from headhunt.rundir import load_run
+
+            done = load_run(config.truth_from)
+            require(
+                done.method == "circuits",
+                f"--truth-from {config.truth_from} is a {done.method} run, not a circuits run",
+            )
+        if (
+            config.task_file
+        ):  # a missing, binary or malformed task file fails before the model loads
+            from headhunt.sae.tasks import read_task_file
+
+            path = Path(config.task_file).expanduser()
+            require(path.is_file(), f"no task file at {path}")
+            try:
+                path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise HeadhuntError(f"--task-file {path} is not UTF-8 text (JSON lines)") from None
+            except OSError as e:
+                raise HeadhuntError(f"cannot read --task-file {path}: {e.strerror or e}") from None
+            read_task_file(path)
+
+    def parameters(self, config: CircuitsConfig, model: str) -> dict[str, Any]:
         return {"model": model, **numbers(config)}
 
-    def run_parameters(self, config: CircuitsRunConfig, model: str, spec) -> dict[str, Any]:
+    def run_parameters(self, config: CircuitsConfig, model: str, spec) -> dict[str, Any]:
         # The dtype decides the numbers too: a resume with another --dtype is refused (None:
         # a model in memory, already in its dtype).
         return {"model": model, "dtype": spec.dtype if spec else None, **numbers(config)}
 
-    def run(self, model, config: CircuitsRunConfig, ctx):
+    def run(self, model, config: CircuitsConfig, ctx):
         import numpy as np
 
         from headhunt.heads.scores import HeadScores
@@ -207,7 +129,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         from headhunt.sae.circuits import NODE_RULES, summarize
 
         L, H = model.n_layers, model.n_heads
-        params, sae_config = numbers(config), config.sae()
+        params = numbers(config)
         progress = config.progress and ctx.show_progress
         pairs = _pairs(model, config, params, ctx)
         timings = ctx.timings
@@ -215,14 +137,14 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         acts = activations.head_outputs(
             model,
             pairs.positive + pairs.negative,
-            position=sae_config.position,
+            position=config.position,
             batch_size=2 * config.batch_size,
             progress=progress,
         )
         timings["capture"] = time.perf_counter() - t0
         patch, truth, eap_pairs = _references(model, pairs, config, ctx, progress)
         effect = np.asarray(patch["effect"]) if patch else None
-        trials = _run_trials(acts, sae_config, eap_pairs, truth, ctx, progress)
+        trials = _run_trials(acts, config, eap_pairs, truth, ctx, progress)
         if trials is None:
             return None
         timings["sae_train_per_trial"] = float(np.mean([t.seconds["sae_train"] for t in trials]))
@@ -232,7 +154,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         )
 
         sae_scores = report.mean_scores(trials)
-        rule_key = NODE_RULES[sae_config.node_rule]
+        rule_key = NODE_RULES[config.node_rule]
         tables = _tables(model, sae_scores, eap_pairs, patch, truth)
         _write_edges(ctx, trials, L, H)
         circuit = _circuit(config, sae_scores[rule_key].reshape(L, H), rule_key, truth)
@@ -241,7 +163,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
         auc = {
             "methods": summary,
-            "truth_rule": _truth_rule(sae_config),
+            "truth_rule": _truth_rule(config),
             "truth_heads": truth_heads,
             "clean_metric": patch.get("clean_metric"),
             "corrupt_metric": patch.get("corrupt_metric"),
@@ -330,7 +252,7 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         )
 
 
-def _pairs(model, config: CircuitsRunConfig, params: dict[str, Any], ctx):
+def _pairs(model, config: CircuitsConfig, params: dict[str, Any], ctx):
     """The task's prompt pairs, checked against the context and kept in ``pairs.jsonl`` (with
     the ground truth of --truth-from copied in)."""
     from headhunt.sae import report
@@ -349,38 +271,35 @@ def _pairs(model, config: CircuitsRunConfig, params: dict[str, Any], ctx):
     return pairs
 
 
-def _references(model, pairs, config: CircuitsRunConfig, ctx, progress: bool):
+def _references(model, pairs, config: CircuitsConfig, ctx, progress: bool):
     """What the SAE scores are checked against, each computed once per run: the patching
     ground truth (its record and the binarised truth per head) and per-pair EAP."""
     import numpy as np
 
     from headhunt.sae import roc
 
-    sae_config = config.sae()
     patch: dict[str, Any] = {}
     truth = eap_pairs = None
     if config.truth:
         patch = _patching(model, pairs, ctx, config.batch_size, progress)
         ctx.timings["patching"] = patch["seconds"]
-        truth = roc.binarize_truth(
-            np.asarray(patch["effect"]), share=sae_config.truth_share, top=sae_config.truth_top
-        ).ravel()
+        truth = roc.binarize_truth(np.asarray(patch["effect"]), **config.truth_rule()).ravel()
     if config.eap:
         eap_pairs, ctx.timings["eap"] = _eap(model, pairs, ctx, config.batch_size, progress)
     return patch, truth, eap_pairs
 
 
-def _run_trials(acts, sae_config, eap_pairs, truth, ctx, progress: bool):
+def _run_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
     """The SAE trials, dealt over the ranks, each saved as it finishes (trial 0's SAE first,
     so a resume that skips trial 0 finds its SAE); rank 0 gets them all, the others None."""
     from tqdm.auto import tqdm
 
     from headhunt.sae.circuits import Trial, run_trial
 
-    plan = list(range(sae_config.trials))
+    plan = list(range(config.trials))
     done = ctx.done(TRIALS, key=lambda r: r["index"])
     for t in tqdm(ctx.todo(plan, done), desc="SAE trials", disable=not progress, leave=False):
-        trial = run_trial(t, acts, sae_config, eap_pairs=eap_pairs, truth=truth)
+        trial = run_trial(t, acts, config, eap_pairs=eap_pairs, truth=truth)
         if t == 0 and trial.sae is not None:
             _save_sae(trial.sae, ctx)
         ctx.append(TRIALS, trial.record())
@@ -413,7 +332,7 @@ def _tables(model, sae_scores, eap_pairs, patch, truth) -> list:
     return tables
 
 
-def _circuit(config: CircuitsRunConfig, ranking, rule_key: str, truth) -> dict[str, Any]:
+def _circuit(config: CircuitsConfig, ranking, rule_key: str, truth) -> dict[str, Any]:
     """The heads called the circuit: above --circuit-threshold, else the top --circuit-size
     (default: as many as the ground truth has, else 10)."""
     from headhunt.sae import scoring

@@ -171,8 +171,6 @@ def test_help_of_a_no_flag_says_what_it_does_not_a_default():
 # shared names: a second declaration of one config, not a shared word), each with why it is
 # not merged yet. The list only shrinks (the test after next).
 KNOWN_PAIRS = {
-    "headhunt.sae.circuits.CircuitConfig": "circuits' --truth-top replaces the 0.5 --truth-share "
-    "default, while the library refuses both set (tests/sae/test_circuits.py)",
     "headhunt.sae.discrete.SAEConfig": "the SAE's own hyperparameters, built per trial by "
     "CircuitConfig.sae_config",
     "headhunt.heads.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
