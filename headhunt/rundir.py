@@ -23,6 +23,7 @@ from typing import Any
 from headhunt.atomic import append_durably, json_default, write_file
 from headhunt.atomic import write_error as write_error  # the CLI names a failed write with it
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_records
 
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
@@ -171,7 +172,7 @@ class RunDir:
         failed on bad input leaves nothing behind)."""
         if self.work == self.out or not self.work.is_dir():
             return
-        if {p.name for p in self.work.iterdir()} <= {"parameters.json"}:
+        if not _work_files(self.work):
             shutil.rmtree(self.work, ignore_errors=True)
             for parent in getattr(self, "_made", []):  # the folders open() created, deepest first
                 try:
@@ -190,14 +191,7 @@ class RunDir:
     def records(self, name: str = "records.jsonl") -> list[dict[str, Any]]:
         """Records appended so far (by this or an interrupted earlier process); ``name`` may be
         a glob such as ``"trials*.jsonl"`` to read every shard of a distributed run."""
-        out = []
-        for path in sorted(self.work.glob(name)):
-            for line in path.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut by a crash mid-write: everything before it is intact
-        return out
+        return [r for path in sorted(self.work.glob(name)) for r in read_records(path)]
 
     def finalize(
         self,
@@ -264,10 +258,8 @@ def saved_work(since: int = 0) -> bool:
     """Whether a run opened since the mark ``since`` has kept any finished work (a resume
     would start from it)."""
     for run in _OPEN[since:]:
-        if run.work.is_dir() and run.work != run.out:
-            names = {p.name for p in run.work.iterdir() if not p.name.endswith(".tmp")}
-            if names - {"parameters.json", ".write-test"}:
-                return True
+        if run.work.is_dir() and run.work != run.out and _work_files(run.work):
+            return True
     return False
 
 
@@ -281,6 +273,12 @@ def _short(path: Path, limit: int = 80) -> str:
     """A path cut to ``limit`` characters for a one-line message."""
     text = str(path)
     return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
+
+
+def _work_files(work: Path) -> list[str]:
+    """The files of a work folder that hold finished work: not its parameters, nor the hidden
+    bookkeeping (the model's identity, temporaries, the write test)."""
+    return [p.name for p in work.iterdir() if p.name != "parameters.json" and p.name[0] != "."]
 
 
 def _read_json(path: Path) -> Any:

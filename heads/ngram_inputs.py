@@ -12,9 +12,7 @@ Three kinds, all returned as token-id sequences:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +20,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_texts  # noqa: F401  (the one texts reader, re-exported)
 
 
 def token_pool(tokenizer, vocab_size: int | None = None) -> np.ndarray:
@@ -155,32 +154,6 @@ def _no_immediate_repeats(
         while x[j] in avoid:
             x[j] = int(rng.choice(pool))
     return x
-
-
-def read_texts(path: str | Path) -> list[str]:
-    """Texts from a file: one per line of a ``.jsonl`` file (field ``text``), else the whole file.
-
-    Raises:
-        HeadhuntError: the file cannot be read, is empty, or a JSONL line has no ``text``.
-    """
-    path = Path(path)
-    try:
-        raw = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HeadhuntError(f"cannot read texts {path}: {e}") from None
-    if not raw.strip():
-        raise HeadhuntError(f"texts file {path} is empty")
-    if path.suffix != ".jsonl":
-        return [raw]
-    texts = []
-    for i, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            texts.append(str(json.loads(line)["text"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise HeadhuntError(f"{path}:{i} is not a JSON object with a 'text' field") from None
-    return texts
 
 
 def natural_chunks(

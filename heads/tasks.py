@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_rows
 
 Kind = Literal["classification", "multiple_choice"]
 LETTERS = "ABCDEFGH"
@@ -78,19 +79,9 @@ def load_task(spec: str | os.PathLike) -> Task:
                 f"(bundled: {', '.join(names)})"
             )
         path = Path(str(resources.files("headhunt.heads") / "data" / "tasks" / f"{spec}.jsonl"))
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HeadhuntError(f"cannot read task file {path}: {e}") from None
     kind: Kind | None = None
     items = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{path.name} line {no}: not valid JSON ({e.msg})") from None
+    for no, obj in read_rows(path, "task file "):
         if not isinstance(obj, dict):
             raise HeadhuntError(f"{path.name} line {no}: expected a JSON object")
         this: Kind = "multiple_choice" if "question" in obj else "classification"

@@ -29,7 +29,6 @@ Built-in targets:
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ import numpy as np
 from jaxtyping import Float, Int
 
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_rows
 
 Task = Literal["classification", "regression"]
 
@@ -509,18 +509,8 @@ def read_jsonl_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
             number (JSON's NaN and Infinity included), no rows; each names the file and line.
     """
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise HeadhuntError(f"cannot read {path}: {e}") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    for n, rec in read_rows(path, where="{path}:{n}"):
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or "label" not in rec:
             raise HeadhuntError(f'{path}:{n}: each line needs "text" (a string) and "label"')
         if ("position" in rec) == ("substring" in rec):

@@ -13,7 +13,6 @@ rendered pair is checked; a task that cannot be rendered raises :class:`Headhunt
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_rows
 
 TASKS = ("ioi", "greater-than", "docstring")
 
@@ -571,13 +571,7 @@ def read_task_file(path: str | Path) -> list[PromptPair]:
     if not path.is_file():
         raise HeadhuntError(f"no task file at {path}")
     pairs = []
-    for k, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{path}:{k}: not JSON ({e.msg})") from None
+    for k, obj in read_rows(path, "task file ", where="{path}:{n}"):
         if not isinstance(obj, dict):
             raise HeadhuntError(f"{path}:{k}: expected a JSON object")
         for key in ("positive", "negative"):

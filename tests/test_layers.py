@@ -19,8 +19,9 @@ import pytest
 ROOT = Path(__file__).parents[1]
 
 # Core types every layer may use: the error, Head/HeadScores, the one atomic file writer, the
-# config base (every layer's config is a method's config).
-CORE = ("headhunt.errors", "headhunt.heads.scores", "headhunt.atomic", "headhunt.config")
+# one JSONL reader, the config base (every layer's config is a method's config).
+CORE = ("headhunt.errors", "headhunt.heads.scores", "headhunt.atomic", "headhunt.reading",
+        "headhunt.config")  # fmt: skip
 KERNELS = ("headhunt.kernels",)
 CAPTURE = ("headhunt.probes",)  # model loading, the hooked model, attention hooks, capture
 # Input builders (needle prompts, task items, token sequences): plain data, below capture.

@@ -8,10 +8,8 @@ library's config and the method's at once, whose fields' metadata make the CLI's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from headhunt.config import (  # noqa: F401  (a method module imports them from here)
@@ -23,6 +21,7 @@ from headhunt.config import (  # noqa: F401  (a method module imports them from 
     option,
 )
 from headhunt.errors import HeadhuntError
+from headhunt.reading import read_records as read_jsonl  # noqa: F401  (methods, views)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -132,20 +131,6 @@ def spread_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
     rows = [{"source": "", "counted": True, **r} for r in rows]
     return pd.DataFrame(rows, columns=SPREAD_COLUMNS).astype({"source": str, "counted": bool})
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a finished run's JSONL file; [] when it is gone (a line cut by a crash ends
-    the list, as in ``RunDir.records``)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
 
 
 def model_label(manifest: dict[str, Any]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,34 +14,10 @@ RECORDS = "texts.jsonl"
 
 
 def read_texts(path: str | None) -> list[str] | None:
-    """User texts from a .txt (one text) or .jsonl file; None for the bundled essays."""
-    if path is None:
-        return None
-    p = Path(path).expanduser()
-    require(p.is_file(), f"no texts file at {p}")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise HeadhuntError(f"cannot read {p}: {e}") from None
-    if p.suffix != ".jsonl":
-        require(bool(raw.strip()), f"{p} is empty")
-        return [raw]
-    texts = []
-    for no, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{p.name} line {no}: not valid JSON ({e.msg})") from None
-        text = obj.get("text") if isinstance(obj, dict) else None
-        require(
-            isinstance(text, str) and bool(text.strip()),
-            f"{p.name} line {no}: needs a non-empty string 'text'",
-        )
-        texts.append(text)
-    require(bool(texts), f"{p} holds no texts")
-    return texts
+    """The texts of --texts (None: the bundled essays); see :func:`headhunt.reading.read_texts`."""
+    from headhunt.reading import read_texts
+
+    return None if path is None else read_texts(path)
 
 
 def build_inputs(model, texts: list[str] | None, length: int | None, n_texts: int):

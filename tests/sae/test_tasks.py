@@ -77,7 +77,7 @@ def test_task_file(tmp_path, words):
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("{not json", "not JSON"),
+        ("{not json", "bad.jsonl:1: not valid JSON"),
         ("[1, 2]", "JSON object"),
         ('{"positive": "a"}', "'negative'"),
         ('{"positive": "a", "negative": ""}', "'negative'"),
