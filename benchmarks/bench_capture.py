@@ -110,8 +110,9 @@ def layer_bench(model: HookedModel, n: int) -> dict:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from headhunt.kernels import attention_forward, attention_stats
-    from headhunt.kernels.triton_fused import attention_forward_triton, fused_config
-    from headhunt.kernels.triton_stats import _launch_col, _prepare, _with_bounds
+    from headhunt.kernels.config import fused_config
+    from headhunt.kernels.launch import attention_forward_triton, prepare
+    from headhunt.kernels.triton_columns import launch_columns
 
     dev, dt = model.device, model.dtype
     hq, hkv, d = model.n_heads, model.n_kv_heads, model.head_dim
@@ -137,11 +138,10 @@ def layer_bench(model: HookedModel, n: int) -> dict:
     out["fused_cols_ms"] = _bench_ms(lambda: attention_forward(q, k, v))
     out["two_pass_stats_ms"] = _bench_ms(lambda: attention_stats(q, k))
     fo, fst = attention_forward(q, k, v, key_stats=False)
-    L = _with_bounds(_prepare(q, k, causal=True, scale=None, q_offset=None,
-                              config=fused_config(d, dt)))  # fmt: skip
+    L = prepare(q, k, None, fused_config(d, dt)).with_bounds()
     col_sum = torch.empty(1, hq, n, device=dev)
     col_mean = torch.empty_like(col_sum)
-    out["column_pass_ms"] = _bench_ms(lambda: _launch_col(L, fst.lse, col_sum, col_mean))
+    out["column_pass_ms"] = _bench_ms(lambda: launch_columns(L, fst.lse, col_sum, col_mean))
     ref = run_sdpa()
     diff = (fo.transpose(1, 2).float() - ref.float()).abs()
     out["fused_vs_sdpa_max_abs_diff"] = diff.max().item()
@@ -171,8 +171,9 @@ def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
     fastest as the default for the rest of the run."""
     import dataclasses
 
-    from headhunt.kernels import triton_fused
-    from headhunt.kernels.triton_fused import attention_forward_triton, fused_config
+    from headhunt.kernels import launch
+    from headhunt.kernels.config import fused_config
+    from headhunt.kernels.launch import attention_forward_triton
 
     dev, dt, d = model.device, model.dtype, model.head_dim
     q = torch.randn(1, n, model.n_heads, d, device=dev, dtype=dt).transpose(1, 2)
@@ -198,7 +199,7 @@ def sweep(model: HookedModel, n: int, candidates: list[tuple]) -> dict:
         times[name], configs[name] = ms, cfg
         print(f"{name}: {ms:.2f} ms", flush=True)
     best = min(times, key=times.get)
-    triton_fused.fused_config = lambda head_dim, dtype=dt: configs[best]
+    launch.fused_config = lambda head_dim, dtype=dt: configs[best]
     return {"tokens": n, "ms": times, "chosen": best}
 
 

@@ -34,13 +34,9 @@ def layer(n: int, hq: int, hkv: int, d: int, tiles: list[str], mm_flops: float) 
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     from headhunt.kernels import attention_forward
-    from headhunt.kernels.triton_fused import fused_config
-    from headhunt.kernels.triton_stats import (
-        _launch_col,
-        _launch_col_general,
-        _prepare,
-        _with_bounds,
-    )
+    from headhunt.kernels.config import fused_config
+    from headhunt.kernels.launch import prepare
+    from headhunt.kernels.triton_columns import launch_columns, launch_general_columns
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
@@ -55,19 +51,18 @@ def layer(n: int, hq: int, hkv: int, d: int, tiles: list[str], mm_flops: float) 
     lse = attention_forward(q, k, v, key_stats=False)[1].lse
 
     def prepared(qq, kk):
-        return _with_bounds(_prepare(qq, kk, causal=True, scale=None, q_offset=None,
-                                     config=fused_config(d, dt)))  # fmt: skip
+        return prepare(qq, kk, None, fused_config(d, dt)).with_bounds()
 
     L = prepared(q, k)
     out["config"] = {f: getattr(L.cfg, f) for f in ("col_block_n", "col_block_m", "col_warps",
                                                     "col_stages")}  # fmt: skip
     cs, cm = torch.empty(1, hq, n, device=dev), torch.empty(1, hq, n, device=dev)
-    out["general_ms"] = _ms(lambda: _launch_col_general(L, lse, cs, cm), rep)
+    out["general_ms"] = _ms(lambda: launch_general_columns(L, lse, cs, cm), rep)
     ref_sum, ref_mean = cs.clone(), cm.clone()
     Lc = prepared(q.contiguous(), k.contiguous())
-    out["general_contiguous_ms"] = _ms(lambda: _launch_col_general(Lc, lse, cs, cm), rep)
+    out["general_contiguous_ms"] = _ms(lambda: launch_general_columns(Lc, lse, cs, cm), rep)
     Lc = None  # frees the contiguous copies
-    out["columns_ms"] = _ms(lambda: _launch_col(L, lse, cs, cm), rep)
+    out["columns_ms"] = _ms(lambda: launch_columns(L, lse, cs, cm), rep)
     rel = ((cs - ref_sum).abs() / ref_sum.abs().clamp_min(1e-30)).max().item()
     out["col_sum_max_rel_diff_vs_general"] = rel
     out["col_mean_max_abs_diff_vs_general"] = (cm - ref_mean).abs().max().item()
@@ -76,7 +71,7 @@ def layer(n: int, hq: int, hkv: int, d: int, tiles: list[str], mm_flops: float) 
         cfg = dataclasses.replace(L.cfg, col_block_n=bn, col_block_m=bm, col_warps=w,
                                   col_stages=s)  # fmt: skip
         Lt = dataclasses.replace(L, cfg=cfg)
-        out[f"columns_{t}_ms"] = _ms(lambda Lt=Lt: _launch_col(Lt, lse, cs, cm), rep)
+        out[f"columns_{t}_ms"] = _ms(lambda Lt=Lt: launch_columns(Lt, lse, cs, cm), rep)
     visible = hq * n * (n + 1) / 2
     qk = 2 * d * visible / mm_flops * 1e3
     ex = visible / _mufu_ex2_per_s(dev) * 1e3

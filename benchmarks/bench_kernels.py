@@ -93,7 +93,7 @@ def _bench_case(
     """One timed row. ``nq`` < ``n`` makes a decode-shaped case: the last ``nq`` positions
     query ``n`` keys (our stats causal, bottom-right aligned; SDPA without a mask, since its
     ``is_causal`` is top-left aligned: for nq << n that is the same work to within nq / n)."""
-    from headhunt.kernels.triton_stats import attention_stats_triton
+    from headhunt.kernels.launch import attention_stats_triton
 
     hq, hkv, d = LAYOUTS[layout]
     nq = n if nq is None else nq
@@ -235,9 +235,9 @@ COL_VARIANTS = [
 
 
 def _config(row: tuple, col: tuple):
-    from headhunt.kernels import triton_stats as ts
+    from headhunt.kernels.config import KernelConfig
 
-    return ts.KernelConfig(
+    return KernelConfig(
         *row[:4],
         *col[:4],
         argmax_mode=row[4],
@@ -252,7 +252,9 @@ def _config(row: tuple, col: tuple):
 
 def _sweep(layout: str, n: int, rep_ms: int, exp_only: bool = False) -> dict:
     """Time each pass alone for tile / argmax / pipelining variants; check each one."""
-    from headhunt.kernels import triton_stats as ts
+    from headhunt.kernels import launch as kl
+    from headhunt.kernels import triton_columns as tcol
+    from headhunt.kernels import triton_rows as trow
     from headhunt.kernels.reference import attention_stats_torch
 
     hq, hkv, d = LAYOUTS[layout]
@@ -292,33 +294,33 @@ def _sweep(layout: str, n: int, rep_ms: int, exp_only: bool = False) -> dict:
         cfg = _config(rv, col_variants[0])
         res: dict = {"row_variant": rv}
         try:
-            st = ts.attention_stats_triton(qc, kc, entropy=True, config=cfg)
+            st = kl.attention_stats_triton(qc, kc, entropy=True, config=cfg)
             res["err_lse"] = rel(st.lse, ref.lse)
             res["err_entropy"] = rel(st.entropy, ref.entropy)
             res["argmax_agree"] = (st.argmax == ref.argmax).double().mean().item()
         except Exception as e:
             res["check"] = f"error: {type(e).__name__}: {str(e)[:160]}"
-        L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
-        Ls = ts._prepare(qs, ks, causal=True, scale=None, q_offset=None, config=cfg)
-        timed(res, "row", lambda L=L: ts._launch_row(L, lse, mx, arg, None))
-        timed(res, "row_sink", lambda L=Ls: ts._launch_row(L, lse, mx, arg, None))
+        L = kl.prepare(q, k, None, cfg)
+        Ls = kl.prepare(qs, ks, None, cfg)
+        timed(res, "row", lambda L=L: trow.launch_rows(L, lse, mx, arg, None))
+        timed(res, "row_sink", lambda L=Ls: trow.launch_rows(L, lse, mx, arg, None))
         if i == 0:  # what argmax and entropy cost, at the first configuration only
-            timed(res, "row_noargmax", lambda L=L: ts._launch_row(L, lse, mx, arg, None, False))
-            timed(res, "row_entropy", lambda L=L: ts._launch_row(L, lse, mx, arg, mx))
+            timed(res, "row_noargmax", lambda L=L: trow.launch_rows(L, lse, mx, arg, None, False))
+            timed(res, "row_entropy", lambda L=L: trow.launch_rows(L, lse, mx, arg, mx))
         out["row"].append(res)
         print(json.dumps(res), flush=True)
-    L0 = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=None)
-    ts._launch_row(L0, lse, mx, arg, None)  # a valid lse for the column pass
+    L0 = kl.prepare(q, k, None, None)
+    trow.launch_rows(L0, lse, mx, arg, None)  # a valid lse for the column pass
     for cv in col_variants:
         cfg = _config(row_variants[0], cv)
         res = {"col_variant": cv}
         try:
-            st = ts.attention_stats_triton(qc, kc, config=cfg)
+            st = kl.attention_stats_triton(qc, kc, config=cfg)
             res["err_col_sum"] = rel(st.col_sum, ref.col_sum)
         except Exception as e:
             res["check"] = f"error: {type(e).__name__}: {str(e)[:160]}"
-        L = ts._prepare(q, k, causal=True, scale=None, q_offset=None, config=cfg)
-        timed(res, "col", lambda L=L: ts._launch_col(L, lse, col, col_mean))
+        L = kl.prepare(q, k, None, cfg)
+        timed(res, "col", lambda L=L: tcol.launch_columns(L.with_bounds(), lse, col, col_mean))
         out["col"].append(res)
         print(json.dumps(res), flush=True)
     return out
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
 
-    from headhunt.kernels.triton_stats import default_config
+    from headhunt.kernels.config import default_config
 
     result: dict = {
         "device": torch.cuda.get_device_name(),

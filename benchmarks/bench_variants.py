@@ -156,7 +156,7 @@ def bench_decode_case(layout: str, nq: int, nk: int, rep_ms: int) -> dict:
     the row kernel (the path before them), and SDPA decode (flash, same q, k and a v)."""
     import torch.nn.functional as F
 
-    from headhunt.kernels.triton_stats import attention_stats_triton
+    from headhunt.kernels.launch import attention_stats_triton
 
     hq, hkv, d, _ = LAYOUTS[layout]
     gen = torch.Generator(device="cuda").manual_seed(nk + nq)

@@ -1,8 +1,9 @@
-"""Public entry points: :func:`attention_stats` and :func:`attention_probs_at`."""
+"""Public entry points: :func:`attention_stats`, :func:`attention_forward`,
+:func:`attention_probs_at`, the many-layer :func:`decode_argmax_layers`, and the eligibility
+checks callers use to pick a path (:func:`fused_supported`, :func:`decode_argmax_supported`)."""
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -11,27 +12,33 @@ from torch import Tensor
 
 from .reference import attention_forward_torch, attention_probs_at_torch, attention_stats_torch
 from .types import AttentionStats
+from .variant import AttentionVariant
 
 __all__ = [
+    "DTYPES",
+    "TRITON_MAX_HEAD_DIM",
     "attention_forward",
     "attention_probs_at",
     "attention_stats",
+    "decode_argmax_layers",
+    "decode_argmax_supported",
     "fused_supported",
     "triton_available",
 ]
 
 Backend = Literal["auto", "torch", "triton"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Input dtypes every backend takes.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The Triton kernels keep a whole head-dim row of q in registers (padded to a power of
 # two); past 256 they would spill, so larger heads go to the torch backend.
-_TRITON_MAX_HEAD_DIM = 256
+TRITON_MAX_HEAD_DIM = 256
 
 
 def triton_available() -> bool:
     """Whether the Triton backend can be imported (Triton installed, importable)."""
     try:
-        from . import triton_stats  # noqa: F401
+        from . import launch  # noqa: F401
     except ImportError:
         return False
     return True
@@ -46,86 +53,30 @@ def _check_qk(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int, int]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on b or d")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
-    if q.dtype not in _DTYPES or k.dtype not in _DTYPES:
-        raise TypeError(f"q/k dtype must be one of {_DTYPES}; got {q.dtype}/{k.dtype}")
+    if q.dtype not in DTYPES or k.dtype not in DTYPES:
+        raise TypeError(f"q/k dtype must be one of {DTYPES}; got {q.dtype}/{k.dtype}")
     if q.device != k.device:
         raise ValueError(f"q on {q.device} but k on {k.device}")
     return b, hq, nq, d, hkv, nk
 
 
-def _check_mask_options(
-    q: Tensor,
-    b: int,
-    hq: int,
-    nq: int,
-    causal: bool,
-    window: int | None,
-    chunk: int | None,
-    softcap: float | None,
-    sinks: Tensor | None,
-    key_lo: Tensor | None,
-    key_hi: Tensor | None,
-) -> dict:
-    """Validate the mask / score options; return them normalised (ints, float32 sinks,
-    int64 bounds on q's device)."""
-    for name, value in (("window", window), ("chunk", chunk)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        if not causal:
-            raise ValueError(f"{name} is defined on top of the causal mask; pass causal=True")
-    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap must be a positive finite number; got {softcap!r}")
-    if sinks is not None:
-        if tuple(sinks.shape) != (hq,):
-            raise ValueError(
-                f"sinks must be [{hq}] (one logit per query head); got {tuple(sinks.shape)}"
-            )
-        sinks = sinks.detach().to(device=q.device, dtype=torch.float32)
-        if not torch.isfinite(sinks).all():
-            raise ValueError("sinks must be finite")
-    bounds = {}
-    for name, t in (("key_lo", key_lo), ("key_hi", key_hi)):
-        if t is None:
-            bounds[name] = None
-            continue
-        if tuple(t.shape) != (b, nq) or t.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"{name} must be an int64 [{b}, {nq}] tensor; got {t.dtype} {tuple(t.shape)}"
-            )
-        bounds[name] = t.to(device=q.device, dtype=torch.int64)
-    return dict(
-        window=None if window is None else int(window),
-        chunk=None if chunk is None else int(chunk),
-        softcap=None if softcap is None else float(softcap),
-        sinks=sinks,
-        **bounds,
-    )
-
-
-# Options the Triton kernels implement; any other set option sends "auto" to torch.
-_TRITON_OPTIONS = frozenset({"window", "chunk", "softcap", "sinks", "key_lo", "key_hi"})
-# Arguments every backend takes (not mask options).
-_GENERAL_OPTIONS = frozenset({"causal", "scale", "q_offset", "key_stats", "entropy", "backend"})
+def _check_backend(backend: Backend) -> None:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
 
 
 def _pick_backend(
-    backend: Backend, q: Tensor, d: int, options: dict | None = None
+    backend: Backend, q: Tensor, d: int, variant: AttentionVariant
 ) -> Literal["torch", "triton"]:
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
+    _check_backend(backend)
     if backend == "torch":
         return "torch"
-    options = options or {}
-    unsupported = sorted(
-        n for n, v in options.items() if v is not None and n not in _TRITON_OPTIONS
-    )
+    unsupported = variant.triton_unsupported()
     if backend == "triton":
         if unsupported:
             raise ValueError(f"the Triton backend does not support {', '.join(unsupported)} yet")
         return "triton"
-    if not unsupported and q.is_cuda and d <= _TRITON_MAX_HEAD_DIM and triton_available():
+    if not unsupported and q.is_cuda and d <= TRITON_MAX_HEAD_DIM and triton_available():
         return "triton"
     return "torch"
 
@@ -133,19 +84,12 @@ def _pick_backend(
 def attention_stats(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
+    variant: AttentionVariant | None = None,
     *,
-    causal: bool = True,
-    scale: float | None = None,
     key_stats: bool = True,
     entropy: bool = False,
-    q_offset: int | None = None,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    sinks: Float[Tensor, " hq"] | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
     backend: Backend = "auto",
+    **options,
 ) -> AttentionStats:
     """Per-head attention statistics in linear memory (no ``nq x nk`` matrix).
 
@@ -185,71 +129,62 @@ def attention_stats(
         k: Keys ``[batch, kv heads, keys, head dim]``; ``hq`` must be a multiple of
             ``hkv`` and query head ``h`` reads kv head ``h // (hq // hkv)`` (GQA).
             Statistics are per query head.
-        causal: Apply the causal mask (bottom-right aligned).
-        scale: Score scale (must be positive); defaults to ``1 / sqrt(head dim)``.
+        variant: The mask and score options as one :class:`AttentionVariant` (default: the
+            plain causal mask); its fields may also be given as keywords (``options``),
+            which replace the variant's.
         key_stats: Also compute ``col_sum`` / ``col_mean`` (a second pass over the
             scores on the Triton backend); ``col_mean`` divides by the number of rows
             that see each key under all the rules above.
         entropy: Also compute each query's entropy in nats.
-        q_offset: Position of query 0 relative to key 0; defaults to ``nk - nq``.
-        window: Sliding-window size (needs ``causal``).
-        chunk: Attention chunk size (needs ``causal``).
-        softcap: Logit softcap (positive).
-        sinks: Float ``[hq]`` sink logit per query head.
-        key_lo: Int64 ``[batch, queries]`` first visible key of each row (inclusive).
-        key_hi: Int64 ``[batch, queries]`` last visible key of each row (inclusive).
         backend: ``"auto"`` (Triton for CUDA tensors when it supports every option
             given, else torch), ``"torch"`` (blocked PyTorch, any device) or
             ``"triton"`` (raises ``ValueError`` for an option it does not support).
+        **options: Fields of :class:`AttentionVariant`: ``causal`` (bottom-right aligned),
+            ``scale`` (positive; default ``1 / sqrt(head dim)``), ``q_offset`` (default
+            ``nk - nq``), ``window``, ``chunk``, ``softcap``, ``sinks``, ``key_lo``,
+            ``key_hi``, as described above.
 
     Returns:
         :class:`AttentionStats` on ``q``'s device; float32 except int64 ``argmax``.
     """
     b, hq, nq, d, hkv, nk = _check_qk(q, k)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if not scale > 0:
-        # The kernels fold the scale into the exponent after taking the max of raw
-        # products, which is only valid for a positive scale.
-        raise ValueError(f"scale must be positive; got {scale}")
-    if q_offset is None:
-        q_offset = nk - nq
-    options = _check_mask_options(
-        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
-    )
-    kwargs = dict(
-        causal=causal,
-        scale=float(scale),
-        key_stats=key_stats,
-        entropy=entropy,
-        q_offset=int(q_offset),
-    )
-    if _pick_backend(backend, q, d, options) == "triton":
-        from .triton_stats import attention_stats_triton
+    variant = AttentionVariant.of(variant, **options).checked(q, k)
+    if _pick_backend(backend, q, d, variant) == "triton":
+        from .launch import attention_stats_triton
 
-        # Only the options that are set (all of them supported, see _pick_backend).
-        used = {name: value for name, value in options.items() if value is not None}
-        return attention_stats_triton(q, k, **kwargs, **used)
-    return attention_stats_torch(q, k, **kwargs, **options)
+        return attention_stats_triton(q, k, variant, key_stats=key_stats, entropy=entropy)
+    return attention_stats_torch(q, k, variant, key_stats=key_stats, entropy=entropy)
 
 
-def fused_supported(q: Tensor, k: Tensor, v: Tensor, *, options: dict | None = None) -> bool:
+def fused_supported(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    variant: AttentionVariant | None = None,
+    *,
+    options: dict | None = None,
+) -> bool:
     """Whether :func:`attention_forward`'s Triton kernel serves these tensors: CUDA with
-    Triton, one dtype, head dim <= 256 and the same for values, every option set in
-    ``options`` (keyword arguments of :func:`attention_forward`) one it implements, and not
-    a decode shape (a few query rows per kv head over a long cache,
+    Triton, one dtype, head dim <= 256 and the same for values, every field set in
+    ``variant`` (or in ``options``, keyword arguments of :func:`attention_forward`) one it
+    implements, and not a decode shape (a few query rows per kv head over a long cache,
     which the split-K row kernels of :func:`attention_stats` serve far better)."""
-    from .triton_stats import DECODE_MAX_ROWS, DECODE_MIN_KEYS
-
     if not (q.is_cuda and triton_available()) or q.dim() != 4 or v.dim() != 4:
         return False
-    if not q.dtype == k.dtype == v.dtype or q.dtype not in _DTYPES:
+    from .triton_decode import DECODE_MAX_ROWS, DECODE_MIN_KEYS
+
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in DTYPES:
         return False
     d, hq, nq = q.shape[-1], q.shape[1], q.shape[2]
-    if d > _TRITON_MAX_HEAD_DIM or v.shape[-1] != d or k.shape[1] == 0:
+    if d > TRITON_MAX_HEAD_DIM or v.shape[-1] != d or k.shape[1] == 0:
         return False
-    masks = {n: val for n, val in (options or {}).items() if n not in _GENERAL_OPTIONS}
-    if any(val is not None and n not in _TRITON_OPTIONS for n, val in masks.items()):
+    outputs = ("key_stats", "entropy", "backend")
+    mask = {n: val for n, val in (options or {}).items() if n not in outputs and val is not None}
+    try:
+        variant = AttentionVariant.of(variant, **mask)
+    except TypeError:  # an option no variant field names: not one the kernel implements
+        return False
+    if variant.triton_unsupported():
         return False
     return not (nq * (hq // k.shape[1]) <= DECODE_MAX_ROWS and k.shape[2] >= DECODE_MIN_KEYS)
 
@@ -258,19 +193,12 @@ def attention_forward(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
     v: Float[Tensor, "b hkv nk dv"],
+    variant: AttentionVariant | None = None,
     *,
-    causal: bool = True,
-    scale: float | None = None,
     key_stats: bool = True,
     entropy: bool = False,
-    q_offset: int | None = None,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    sinks: Float[Tensor, " hq"] | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
     backend: Backend = "auto",
+    **options,
 ) -> tuple[Float[Tensor, "b hq nq dv"], AttentionStats]:
     """The attention output and :func:`attention_stats`' statistics, from one forward.
 
@@ -288,8 +216,7 @@ def attention_forward(
     Args:
         q, k: As in :func:`attention_stats`.
         v: Values ``[batch, kv heads, keys, value dim]`` (same kv heads as ``k``).
-        causal, scale, key_stats, entropy, q_offset, window, chunk, softcap, sinks,
-        key_lo, key_hi: As in :func:`attention_stats`.
+        variant, key_stats, entropy, options: As in :func:`attention_stats`.
         backend: ``"auto"`` (Triton when :func:`fused_supported`, else torch), ``"torch"``
             or ``"triton"`` (raises ``ValueError`` for what it does not support).
 
@@ -303,33 +230,19 @@ def attention_forward(
         raise ValueError(f"v must be [{b}, {hkv}, {nk}, dv]; got {tuple(v.shape)}")
     if v.device != q.device:
         raise ValueError(f"q on {q.device} but v on {v.device}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if not scale > 0:
-        raise ValueError(f"scale must be positive; got {scale}")
-    if q_offset is None:
-        q_offset = nk - nq
-    options = _check_mask_options(
-        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
-    )
-    kwargs = dict(
-        causal=causal, scale=float(scale), key_stats=key_stats, entropy=entropy,
-        q_offset=int(q_offset),
-    )  # fmt: skip
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton'; got {backend!r}")
-    use_triton = backend == "auto" and fused_supported(q, k, v, options=options)
+    variant = AttentionVariant.of(variant, **options).checked(q, k)
+    _check_backend(backend)
+    use_triton = backend == "auto" and fused_supported(q, k, v, variant)
     if backend == "triton":
-        _pick_backend("triton", q, d, options)  # raises for an unsupported option
+        _pick_backend("triton", q, d, variant)  # raises for an unsupported option
         if v.shape[-1] != d:
             raise ValueError(f"the Triton backend needs value dim = head dim ({d})")
         use_triton = True
     if use_triton:
-        from .triton_fused import attention_forward_triton
+        from .launch import attention_forward_triton
 
-        used = {name: value for name, value in options.items() if value is not None}
-        return attention_forward_triton(q, k, v, **kwargs, **used)
-    return attention_forward_torch(q, k, v, **kwargs, **options)
+        return attention_forward_triton(q, k, v, variant, key_stats=key_stats, entropy=entropy)
+    return attention_forward_torch(q, k, v, variant, key_stats=key_stats, entropy=entropy)
 
 
 def attention_probs_at(
@@ -338,16 +251,8 @@ def attention_probs_at(
     lse: Float[Tensor, "b hq nq"],
     query_idx: Int64[Tensor, "*m"],
     key_idx: Int64[Tensor, "*m"],
-    *,
-    scale: float | None = None,
-    q_offset: int | None = None,
-    causal: bool = True,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    sinks: Float[Tensor, " hq"] | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
+    variant: AttentionVariant | None = None,
+    **options,
 ) -> Float[Tensor, "b hq m"]:
     """Exact softmax probabilities of chosen (query, key) pairs.
 
@@ -368,10 +273,7 @@ def attention_probs_at(
         query_idx: Query indices, int64, shape ``[m]`` (same pairs for every batch
             row and head) or ``[b, hq, m]``.
         key_idx: Key indices, same shape as ``query_idx``.
-        scale: Score scale; defaults to ``1 / sqrt(head dim)``.
-        q_offset: Position of query 0 relative to key 0; defaults to ``nk - nq``.
-        causal: Whether the causal mask applies.
-        window, chunk, softcap, sinks, key_lo, key_hi: As in :func:`attention_stats`.
+        variant, options: As in :func:`attention_stats` (the same as for ``lse``).
 
     Returns:
         Float32 probabilities ``[b, hq, m]``.
@@ -385,22 +287,32 @@ def attention_probs_at(
         raise ValueError(f"indices must be [m] or [{b}, {hq}, m]; got {query_idx.shape}")
     if tuple(lse.shape) != (b, hq, nq):
         raise ValueError(f"lse must be [{b}, {hq}, {nq}]; got {tuple(lse.shape)}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if q_offset is None:
-        q_offset = nk - nq
-    options = _check_mask_options(
-        q, b, hq, nq, causal, window, chunk, softcap, sinks, key_lo, key_hi
+    variant = AttentionVariant.of(variant, **options).checked(q, k)
+    return attention_probs_at_torch(q, k, lse, query_idx.long(), key_idx.long(), variant)
+
+
+def decode_argmax_supported(q: Tensor, k: Tensor) -> bool:
+    """Whether :func:`decode_argmax_layers` takes these tensors: CUDA with Triton, q and k
+    of one dtype it takes on one device, head dim <= 256, unit stride along d."""
+    return (
+        q.is_cuda
+        and q.dtype == k.dtype
+        and q.device == k.device
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and q.dtype in DTYPES
+        and q.shape[-1] <= TRITON_MAX_HEAD_DIM
+        and triton_available()
     )
-    options.pop("sinks")
-    return attention_probs_at_torch(
-        q,
-        k,
-        lse,
-        query_idx.long(),
-        key_idx.long(),
-        scale=float(scale),
-        q_offset=int(q_offset),
-        causal=causal,
-        **options,
-    )
+
+
+def decode_argmax_layers(
+    queries: list[Tensor], keys: list[Tensor], key_start: int = 0, skip_rows: Tensor | None = None
+) -> Int64[Tensor, "layers b hq"]:
+    """Argmax key of each query head's single query over its whole key cache, for several
+    layers in two kernel launches, plus ``key_start``: see
+    :func:`headhunt.kernels.triton_decode.decode_argmax_layers` (tensors that
+    :func:`decode_argmax_supported` accepts)."""
+    from . import triton_decode
+
+    return triton_decode.decode_argmax_layers(queries, keys, key_start, skip_rows)

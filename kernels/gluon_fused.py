@@ -48,7 +48,7 @@ def _softmax_update(
     s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
     ENTROPY: gl.constexpr,
 ):  # fmt: skip
-    """One key tile's scores ``s`` folded into the row state (triton_stats._softmax_tile's
+    """One key tile's scores ``s`` folded into the row state (device.softmax_tile's
     update, in log2 units); returns the state, the tile's exponentials and the rescale."""
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     if masked:
@@ -427,7 +427,7 @@ def _gluon_ws_kernel(
 
 
 def gluon_supported(L) -> bool:
-    """Whether the launch ``L`` (see triton_stats._prepare) takes the Gluon fast path."""
+    """Whether the launch ``L`` (see launch.prepare) takes the Gluon fast path."""
     return (
         L.q.is_cuda
         and triton_tested()

@@ -18,8 +18,9 @@ import torch
 from jaxtyping import Float, Int64
 from torch import Tensor
 
-from .masks import key_visible_counts, row_key_bounds
+from .masks import key_visible_counts
 from .types import AttentionStats
+from .variant import AttentionVariant
 
 __all__ = [
     "attention_forward_torch",
@@ -106,18 +107,10 @@ def visible_query_count(
 def attention_stats_torch(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
+    variant: AttentionVariant | None = None,
     *,
-    causal: bool = True,
-    scale: float | None = None,
     key_stats: bool = True,
     entropy: bool = False,
-    q_offset: int | None = None,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    sinks: Float[Tensor, " hq"] | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
     block_q: int | None = None,
 ) -> AttentionStats:
     """Blocked PyTorch implementation of :func:`headhunt.kernels.attention_stats`.
@@ -126,13 +119,10 @@ def attention_stats_torch(
         q: Queries, ``[batch, query heads, queries, head dim]``.
         k: Keys, ``[batch, kv heads, keys, head dim]``; ``hq`` must be a multiple of
             ``hkv`` (query head ``h`` reads kv head ``h // (hq // hkv)``).
-        causal: Apply the bottom-right aligned causal mask.
-        scale: Score scale; defaults to ``1 / sqrt(head dim)``.
+        variant: The mask and score options (validated by the caller,
+            :meth:`AttentionVariant.checked`; default: the plain causal mask).
         key_stats: Also compute ``col_sum`` and ``col_mean`` (per-key statistics).
         entropy: Also compute the per-query entropy (nats).
-        q_offset: Absolute position of query 0; defaults to ``nk - nq``.
-        window, chunk, softcap, sinks, key_lo, key_hi: As in
-            :func:`headhunt.kernels.attention_stats` (already validated there).
         block_q: Query positions per block; the largest intermediate holds about
             ``batch * hq * block_q * (visible keys of the block)`` floats. Defaults to
             an adaptive size that keeps each block near a device-dependent element
@@ -144,10 +134,8 @@ def attention_stats_torch(
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if q_offset is None:
-        q_offset = nk - nq
+    variant = (variant or AttentionVariant()).resolved(q, k)
+    scale, softcap, sinks = variant.scale, variant.softcap, variant.sinks
     dev = q.device
     rows_per_query = b * hq
 
@@ -172,18 +160,7 @@ def attention_stats_torch(
         lse_g.copy_((sink2 * _LN2).expand_as(lse_g))
 
     # Visible keys of each row as one interval; block bounds are read on the CPU copy.
-    lo, hi = row_key_bounds(
-        b,
-        nq,
-        nk,
-        causal=causal,
-        q_offset=q_offset,
-        window=window,
-        chunk=chunk,
-        key_lo=key_lo,
-        key_hi=key_hi,
-        device=dev,
-    )
+    lo, hi = variant.row_bounds(b, nq, nk, device=dev)
     lo_c, hi_c = lo.cpu(), hi.cpu()
     seen_c = lo_c <= hi_c
     span_c = torch.where(seen_c, hi_c - lo_c + 1, 0).amax(0)  # [nq] widest row over batch
@@ -296,28 +273,19 @@ def attention_stats_torch(
 
 
 def attention_probs_at_torch(
-    q: Float[Tensor, "b hq nq d"],
-    k: Float[Tensor, "b hkv nk d"],
-    lse: Float[Tensor, "b hq nq"],
-    query_idx: Int64[Tensor, "*m"],
-    key_idx: Int64[Tensor, "*m"],
-    *,
-    scale: float,
-    q_offset: int,
-    causal: bool,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
-) -> Float[Tensor, "b hq m"]:
+    q: Tensor, k: Tensor, lse: Tensor, query_idx: Tensor, key_idx: Tensor,
+    variant: AttentionVariant | None = None,
+) -> Float[Tensor, "b hq m"]:  # fmt: skip
     """Gather-based implementation of :func:`headhunt.kernels.attention_probs_at`.
 
-    Only the ``m`` requested query and key rows are gathered (``O(m d)`` memory).
+    Only the ``m`` requested query and key rows are gathered (``O(m d)`` memory); the
+    variant's sink logits are already part of ``lse``.
     """
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
+    variant = (variant or AttentionVariant()).resolved(q, k)
+    scale, softcap = variant.scale, variant.softcap
     dev = q.device
     if query_idx.dim() == 1:
         query_idx = query_idx.view(1, 1, -1).expand(b, hq, -1)
@@ -334,18 +302,7 @@ def attention_probs_at_torch(
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     lse_rows = torch.gather(lse.to(torch.float32), 2, qi)
-    lo, hi_key = row_key_bounds(
-        b,
-        nq,
-        nk,
-        causal=causal,
-        q_offset=q_offset,
-        window=window,
-        chunk=chunk,
-        key_lo=key_lo,
-        key_hi=key_hi,
-        device=dev,
-    )
+    lo, hi_key = variant.row_bounds(b, nq, nk, device=dev)
     allowed = (ki >= lo[bi, qi]) & (ki <= hi_key[bi, qi])
     # A row that sees no key has lse = -inf (or its sink logit); every pair of it is
     # forbidden anyway, and the where() keeps exp(+inf) out of the result.
@@ -353,23 +310,9 @@ def attention_probs_at_torch(
 
 
 def attention_forward_torch(
-    q: Float[Tensor, "b hq nq d"],
-    k: Float[Tensor, "b hkv nk d"],
-    v: Float[Tensor, "b hkv nk dv"],
-    *,
-    causal: bool = True,
-    scale: float | None = None,
-    key_stats: bool = True,
-    entropy: bool = False,
-    q_offset: int | None = None,
-    window: int | None = None,
-    chunk: int | None = None,
-    softcap: float | None = None,
-    sinks: Float[Tensor, " hq"] | None = None,
-    key_lo: Int64[Tensor, "b nq"] | None = None,
-    key_hi: Int64[Tensor, "b nq"] | None = None,
-    block_q: int | None = None,
-) -> tuple[Float[Tensor, "b hq nq dv"], AttentionStats]:
+    q: Tensor, k: Tensor, v: Tensor, variant: AttentionVariant | None = None, *,
+    key_stats: bool = True, entropy: bool = False, block_q: int | None = None,
+) -> tuple[Float[Tensor, "b hq nq dv"], AttentionStats]:  # fmt: skip
     """Blocked PyTorch implementation of :func:`headhunt.kernels.attention_forward`.
 
     Two passes, unlike the fused Triton kernel (which is tested against it): the
@@ -379,21 +322,16 @@ def attention_forward_torch(
     A row that sees no key gets a zero output. Computed in float32, returned in ``v``'s
     dtype; memory stays linear in the sequence length (blocks of ``block_q`` queries).
     """
+    variant = (variant or AttentionVariant()).resolved(q, k)
     stats = attention_stats_torch(
-        q, k, causal=causal, scale=scale, key_stats=key_stats, entropy=entropy,
-        q_offset=q_offset, window=window, chunk=chunk, softcap=softcap, sinks=sinks,
-        key_lo=key_lo, key_hi=key_hi, block_q=block_q,
-    )  # fmt: skip
+        q, k, variant, key_stats=key_stats, entropy=entropy, block_q=block_q
+    )
     b, hq, nq, d = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    q_offset = nk - nq if q_offset is None else q_offset
+    scale, softcap = variant.scale, variant.softcap
     dev, f32 = q.device, torch.float32
-    lo, hi = row_key_bounds(
-        b, nq, nk, causal=causal, q_offset=q_offset, window=window, chunk=chunk,
-        key_lo=key_lo, key_hi=key_hi, device=dev,
-    )  # fmt: skip
+    lo, hi = variant.row_bounds(b, nq, nk, device=dev)
     out = torch.zeros(b, hkv, group, nq, dv, dtype=f32, device=dev)
     kf, vf = k.to(f32), v.to(f32)
     qg = q.to(f32).view(b, hkv, group, nq, d)

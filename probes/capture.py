@@ -202,7 +202,7 @@ class DecodeArgmax(AttentionHook):
 
     On CUDA, layers whose query sees its whole cache (no mask beyond it, no softcap) are only
     noted during the forward; reading ``step`` (or :meth:`stacked`) then scores all of them in
-    two kernel launches (:func:`headhunt.kernels.triton_decode.decode_argmax_layers`, the
+    two kernel launches (:func:`headhunt.kernels.decode_argmax_layers`, the
     same scores and tie rule as the split-K path of ``attention_stats``). Per-layer calls cost
     more host time than the whole step's GPU work on a small model. Other layers go through
     ``attention_stats`` at once.
@@ -251,19 +251,9 @@ class DecodeArgmax(AttentionHook):
     def _batched_ok(self, call: AttentionCall) -> bool:
         """Whether the call can go to the many-layer kernel (CUDA with Triton, a dtype and
         head size it takes, unit stride along d)."""
-        from headhunt.kernels.api import _DTYPES, _TRITON_MAX_HEAD_DIM, triton_available
+        from headhunt.kernels import decode_argmax_supported
 
-        q, k = call.query, call.key
-        return (
-            q.is_cuda
-            and q.dtype == k.dtype
-            and q.device == k.device
-            and q.stride(-1) == 1
-            and k.stride(-1) == 1
-            and q.dtype in _DTYPES
-            and q.shape[-1] <= _TRITON_MAX_HEAD_DIM
-            and triton_available()
-        )
+        return decode_argmax_supported(call.query, call.key)
 
     @property
     def step(self) -> list[Tensor | None]:
@@ -286,7 +276,7 @@ class DecodeArgmax(AttentionHook):
     def _flush(self) -> None:
         """Score the noted layers, one launch pair per group that shares shapes, strides,
         dtype, device and key start."""
-        from headhunt.kernels.triton_decode import decode_argmax_layers
+        from headhunt.kernels import decode_argmax_layers
 
         if not self._pending:
             return

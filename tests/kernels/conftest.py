@@ -2,7 +2,7 @@
 
 Without CUDA, Triton kernels run under the interpreter on CPU tensors. Triton decides
 between interpreter and compiler when a kernel is decorated, i.e. when
-``headhunt.kernels.triton_stats`` is first imported, so TRITON_INTERPRET is set here at
+a module of ``headhunt.kernels`` that defines kernels is first imported, so TRITON_INTERPRET is set here at
 collection time, before any test imports it.
 """
 
@@ -143,11 +143,11 @@ def rel_err(out: Tensor, ref: Tensor, mask: Tensor | None = None) -> float:
 @pytest.fixture
 def poison() -> Iterator[None]:
     """Make the Triton wrapper allocate outputs full of NaN / a sentinel argmax."""
-    ts = pytest.importorskip("headhunt.kernels.triton_stats")
-    old = ts.POISON_OUTPUTS
-    ts.POISON_OUTPUTS = True
+    launch = pytest.importorskip("headhunt.kernels.launch")
+    old = launch.POISON_OUTPUTS
+    launch.POISON_OUTPUTS = True
     yield
-    ts.POISON_OUTPUTS = old
+    launch.POISON_OUTPUTS = old
 
 
 def check_stats(

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from headhunt.kernels import triton_stats as ts  # noqa: E402
+from headhunt.kernels import launch  # noqa: E402
 from headhunt.kernels.triton_decode import decode_argmax_layers  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -38,7 +38,7 @@ def _layers(n_layers, b, hq, hkv, nk, d, dtype, strided=False):
 
 
 def _split_k(q, k, key_start):
-    st = ts.attention_stats_triton(q, k, key_stats=False, decode=True)
+    st = launch.attention_stats_triton(q, k, key_stats=False, decode=True)
     return st.argmax[:, :, 0] + key_start
 
 

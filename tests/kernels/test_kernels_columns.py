@@ -1,5 +1,5 @@
 """The specialised column kernel (kernels/triton_columns.py) against the float64 oracle and
-against the general column kernel of triton_stats.
+against the general column kernel.
 
 Without CUDA it runs under TRITON_INTERPRET=1 (conftest.py) with 16-wide tiles; with CUDA
 compiled, plus the model's [b, n, heads, d] memory layout with bulk tensor copies.
@@ -15,8 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from headhunt.kernels import AttentionVariant, launch  # noqa: E402
 from headhunt.kernels import triton_columns as tc  # noqa: E402
-from headhunt.kernels import triton_stats as ts  # noqa: E402
+from headhunt.kernels.config import KernelConfig, default_config  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -30,8 +31,8 @@ if not CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
 TILES = [(16, 16), (32, 16), (16, 32)]
 
 
-def _config(block_n: int, block_m: int, **kw) -> ts.KernelConfig:
-    base = ts.KernelConfig(16, 16, 1, 1, block_n, block_m, 1, 1)
+def _config(block_n: int, block_m: int, **kw) -> KernelConfig:
+    base = KernelConfig(16, 16, 1, 1, block_n, block_m, 1, 1)
     return dataclasses.replace(base, **kw)
 
 
@@ -47,12 +48,13 @@ def _inputs(b, hq, hkv, nq, nk, d, dtype, model_layout):
 
 
 def _columns(q, k, cfg, **kw):
-    return ts.attention_stats_triton(q, k, config=cfg, **kw)
+    return launch.attention_stats_triton(q, k, AttentionVariant(**kw), config=cfg)
 
 
 def test_fast_kernel_serves_exactly_the_plain_masks(monkeypatch):
     calls = []
-    monkeypatch.setattr(ts, "launch_columns", lambda *a: calls.append(a) or tc.launch_columns(*a))
+    real = tc.launch_fast_columns
+    monkeypatch.setattr(tc, "launch_fast_columns", lambda *a: calls.append(a) or real(*a))
     q, k = _inputs(1, 2, 1, 20, 20, 16, torch.float32, False)
     cfg = _config(16, 16)
     for causal in (True, False):
@@ -87,9 +89,7 @@ def test_fast_columns_match_dense_and_general_kernel(case, oracle, poison):
     ref = oracle.dense(q, k, causal=causal, q_offset=q_offset)
     tiles = TILES if not CUDA else [(None, None)]
     for block_n, block_m in tiles:
-        cfg = (
-            ts.default_config(q.shape[-1], dtype) if block_n is None else _config(block_n, block_m)
-        )
+        cfg = default_config(q.shape[-1], dtype) if block_n is None else _config(block_n, block_m)
         st = _columns(q, k, cfg, causal=causal, q_offset=q_offset)
         # the general kernel (forced by its pipelined loop) on the same lse
         general = _columns(
@@ -110,7 +110,7 @@ def test_gpu_fast_columns_on_model_layout(d, oracle, poison):
     # past a batch row's end belong to the next batch row and must not leak in.
     q, k = _inputs(2, 8, 2, 1000, 1237, d, torch.bfloat16, True)
     ref = oracle.dense(q, k)
-    cfg = ts.default_config(d)
+    cfg = default_config(d)
     fast = _columns(q, k, cfg)
     pointers = _columns(q, k, dataclasses.replace(cfg, col_tma=False))
     general = _columns(q, k, dataclasses.replace(cfg, col_pipeline=True))

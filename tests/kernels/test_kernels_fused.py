@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from headhunt.kernels import attention_forward, attention_stats, fused_supported
+from headhunt.kernels import AttentionVariant, attention_forward, attention_stats, fused_supported
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -99,7 +99,7 @@ def test_torch_reference_bf16_and_small_blocks(oracle):
     _check(out, st, q, k, v, kw, oracle, tol=1e-3, out_tol=2e-2)
     from headhunt.kernels.reference import attention_forward_torch
 
-    small, _ = attention_forward_torch(q, k, v, block_q=16, **kw)
+    small, _ = attention_forward_torch(q, k, v, AttentionVariant(**kw), block_q=16)
     torch.testing.assert_close(small, out, atol=1e-2, rtol=0)
 
 
@@ -217,7 +217,8 @@ def test_fast_path_matches_general_kernel(shape, ws, poison, monkeypatch):
     argmax, the output within one bf16 rounding; a launch that may not take it does not."""
     import dataclasses
 
-    from headhunt.kernels import gluon_fused, triton_fused
+    from headhunt.kernels import gluon_fused, launch
+    from headhunt.kernels.config import fused_config
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fast path is Hopper's (compute capability 9.x)")
@@ -233,13 +234,13 @@ def test_fast_path_matches_general_kernel(shape, ws, poison, monkeypatch):
     q, k, v = _inputs(b, hq, hkv, nq, nk, d, torch.bfloat16, "cuda", seed=1)
     if layout == "bnhd":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    fast = dataclasses.replace(triton_fused.fused_config(d, torch.bfloat16), gluon_ws=ws)
+    fast = dataclasses.replace(fused_config(d, torch.bfloat16), gluon_ws=ws)
     assert fast.fast_path
     general = dataclasses.replace(fast, fast_path=False)
-    kw = dict(causal=causal, entropy=True, key_stats=False)
-    o1, s1 = triton_fused.attention_forward_triton(q, k, v, config=fast, **kw)
+    var, kw = AttentionVariant(causal=causal), dict(entropy=True, key_stats=False)
+    o1, s1 = launch.attention_forward_triton(q, k, v, var, config=fast, **kw)
     assert calls == [1]
-    o0, s0 = triton_fused.attention_forward_triton(q, k, v, config=general, **kw)
+    o0, s0 = launch.attention_forward_triton(q, k, v, var, config=general, **kw)
     assert calls == [1]
     assert (o1.float() - o0.float()).abs().max().item() <= 2e-2
     for name in ("lse", "max_score", "entropy"):
@@ -247,9 +248,10 @@ def test_fast_path_matches_general_kernel(shape, ws, poison, monkeypatch):
         assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item()), name
     assert torch.equal(s1.argmax, s0.argmax)
     # Variants the fast path does not serve go to the general kernel.
-    triton_fused.attention_forward_triton(q, k, v, config=fast, window=50, **kw)
-    fp32 = dataclasses.replace(triton_fused.fused_config(d, torch.float32), fast_path=True)
-    triton_fused.attention_forward_triton(q.float(), k.float(), v.float(), config=fp32, **kw)
+    windowed = AttentionVariant(causal=causal, window=50)
+    launch.attention_forward_triton(q, k, v, windowed, config=fast, **kw)
+    fp32 = dataclasses.replace(fused_config(d, torch.float32), fast_path=True)
+    launch.attention_forward_triton(q.float(), k.float(), v.float(), var, config=fp32, **kw)
     assert calls == [1]
 
 

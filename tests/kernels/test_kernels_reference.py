@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from headhunt.kernels import AttentionStats, attention_probs_at, attention_stats
+from headhunt.kernels import AttentionStats, AttentionVariant, attention_probs_at, attention_stats
 from headhunt.kernels.reference import attention_stats_torch, visible_query_count
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -36,7 +36,8 @@ def test_matches_dense(case, dtype, oracle):
     k = (torch.randn(b, hkv, nk, d) * 1.5).to(dtype)
     ref = oracle.dense(q, k, causal=causal, q_offset=q_offset)
     # block_q=16 forces several blocks (and partial ones) even at these small sizes.
-    st = attention_stats_torch(q, k, causal=causal, entropy=True, q_offset=q_offset, block_q=16)
+    variant = AttentionVariant(causal=causal, q_offset=q_offset)
+    st = attention_stats_torch(q, k, variant, entropy=True, block_q=16)
     oracle.check(st, ref, tol=TOL[dtype])
     # The default (adaptive) blocks through the public API give the same statistics.
     st2 = attention_stats(q, k, causal=causal, entropy=True, q_offset=q_offset, backend="torch")

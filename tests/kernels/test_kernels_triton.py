@@ -14,8 +14,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from headhunt.kernels import attention_probs_at, attention_stats  # noqa: E402
-from headhunt.kernels import triton_stats as ts  # noqa: E402
+from headhunt.kernels import (  # noqa: E402
+    AttentionVariant,
+    attention_probs_at,
+    attention_stats,
+    launch,
+)
+from headhunt.kernels.config import KernelConfig, default_config, exp_mode  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -58,19 +63,21 @@ def test_triton_matches_dense(case, oracle, poison):
     *shape, causal, q_offset, dtype = case
     q, k = _inputs(*shape, dtype)
     ref = oracle.dense(q, k, causal=causal, q_offset=q_offset)
-    st = ts.attention_stats_triton(q, k, causal=causal, entropy=True, q_offset=q_offset)
-    assert (st.argmax != ts.ARGMAX_POISON).all()
+    st = launch.attention_stats_triton(
+        q, k, AttentionVariant(causal=causal, q_offset=q_offset), entropy=True
+    )
+    assert (st.argmax != launch.ARGMAX_POISON).all()
     oracle.check(st, ref, tol=TOL[dtype])
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1),
-        ts.KernelConfig(16, 32, 1, 1, 32, 16, 1, 1, argmax_mode=2),
-        ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=3, row_pipeline=True),
-        ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, col_pipeline=True, row_pipeline=True),
-        ts.KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, argmax_mode=2, row_pipeline=True),
+        KernelConfig(32, 16, 1, 1, 16, 32, 1, 1),
+        KernelConfig(16, 32, 1, 1, 32, 16, 1, 1, argmax_mode=2),
+        KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=3, row_pipeline=True),
+        KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, col_pipeline=True, row_pipeline=True),
+        KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, argmax_mode=2, row_pipeline=True),
     ],
     ids=["rowM32-colM32", "rowN32-colN32-argmax2", "argmax3-rowpipe", "pipelines", "argmax2-pipe"],
 )
@@ -79,7 +86,9 @@ def test_triton_tile_shapes(config, oracle, poison):
     # the argmax modes and software-pipelined loops must give identical statistics.
     q, k = _inputs(1, 3, 1, 45, 70, 16, torch.float32)
     for causal in (True, False):
-        st = ts.attention_stats_triton(q, k, causal=causal, entropy=True, config=config)
+        st = launch.attention_stats_triton(
+            q, k, AttentionVariant(causal=causal), entropy=True, config=config
+        )
         oracle.check(st, oracle.dense(q, k, causal=causal), tol=1e-3)
 
 
@@ -97,16 +106,16 @@ def test_triton_ties_pick_lowest_index(mode, poison):
     k = torch.nn.functional.normalize(torch.randn(1, 1, 40, 16, device=DEVICE), dim=-1)
     k[0, 0, [7, 19, 35]] = k[0, 0, 3].clone()
     q = k[:, :, 3:4].repeat(1, 3, 20, 1) * 4.0
-    cfg = ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=mode, row_pipeline=mode == 3)
+    cfg = KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, argmax_mode=mode, row_pipeline=mode == 3)
     if CUDA:
-        cfg = ts.KernelConfig(argmax_mode=mode, row_pipeline=mode == 3)
-    st = ts.attention_stats_triton(q, k, causal=False, config=cfg)
+        cfg = KernelConfig(argmax_mode=mode, row_pipeline=mode == 3)
+    st = launch.attention_stats_triton(q, k, AttentionVariant(causal=False), config=cfg)
     assert (st.argmax == 3).all()
 
 
 def test_triton_agrees_with_torch_backend_and_probs_at(oracle, poison):
     q, k = _inputs(2, 6, 2, 26, 30, 16, torch.bfloat16)
-    st = ts.attention_stats_triton(q, k, entropy=True)
+    st = launch.attention_stats_triton(q, k, entropy=True)
     ref = attention_stats(q.cpu(), k.cpu(), entropy=True, backend="torch")
     for name in ("lse", "max_score", "entropy", "col_sum", "col_mean"):
         assert oracle.rel_err(getattr(st, name), getattr(ref, name), None) < 1e-4, name
@@ -165,39 +174,39 @@ def test_triton_exp2_modes_match_dense(mode, causal, oracle, poison):
     q, k = _inputs(2, 6, 2, 45, 61, 16, torch.bfloat16)
     base = dict(row_exp=mode, col_exp=mode)
     if CUDA:
-        configs = [ts.KernelConfig(**base), ts.KernelConfig(row_pipeline=True, **base)]
+        configs = [KernelConfig(**base), KernelConfig(row_pipeline=True, **base)]
     else:
         configs = [
-            ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, **base),
-            ts.KernelConfig(
-                32, 16, 1, 1, 16, 32, 1, 1, row_pipeline=True, col_pipeline=True, **base
-            ),
+            KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, **base),
+            KernelConfig(32, 16, 1, 1, 16, 32, 1, 1, row_pipeline=True, col_pipeline=True, **base),
         ]
     ref = oracle.dense(q, k, causal=causal)
     for cfg in configs:
-        st = ts.attention_stats_triton(q, k, causal=causal, entropy=True, config=cfg)
+        st = launch.attention_stats_triton(
+            q, k, AttentionVariant(causal=causal), entropy=True, config=cfg
+        )
         oracle.check(st, ref, tol=1e-2)
 
 
 def test_triton_exp2_modes_fall_back_for_fp32(oracle, poison):
     # fp32 inputs promise < 1e-3: the fp16 (1) and polynomial (3) modes become mode 2.
-    assert ts._exp_mode(1, torch.float32) == 2 and ts._exp_mode(3, torch.float32) == 2
-    assert ts._exp_mode(1, torch.bfloat16) == 1 and ts._exp_mode(0, torch.float32) == 0
+    assert exp_mode(1, torch.float32) == 2 and exp_mode(3, torch.float32) == 2
+    assert exp_mode(1, torch.bfloat16) == 1 and exp_mode(0, torch.float32) == 0
     q, k = _inputs(1, 4, 2, 40, 40, 16, torch.float32)
-    cfg = ts.KernelConfig(row_exp=1, col_exp=3)
+    cfg = KernelConfig(row_exp=1, col_exp=3)
     if not CUDA:
-        cfg = ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, row_exp=1, col_exp=3)
-    st = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
+        cfg = KernelConfig(16, 16, 1, 1, 16, 16, 1, 1, row_exp=1, col_exp=3)
+    st = launch.attention_stats_triton(q, k, entropy=True, config=cfg)
     oracle.check(st, oracle.dense(q, k), tol=1e-3)
 
 
 def test_default_config_fp32_and_interpreter():
     # fp32 inputs get their own tiles on the GPU (tf32x3 products); the interpreter
     # always uses the tiny tiles.
-    cfg = ts.default_config(64, torch.float32)
+    cfg = default_config(64, torch.float32)
     assert cfg.fp32_dot in ("tf32x3", "ieee")
     if not CUDA:
-        assert cfg == ts.KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
+        assert cfg == KernelConfig(16, 16, 1, 1, 16, 16, 1, 1)
     else:
         assert not cfg.row_pipeline and cfg.row_block_m == 64
 
@@ -210,11 +219,11 @@ def test_gpu_tma_matches_pointer_loads(d, oracle, poison):
     # not leak into the statistics; the pointer-load path must agree.
     q, k = _inputs(2, 8, 2, 1000, 1237, d, torch.bfloat16)
     ref = oracle.dense(q, k)
-    cfg = ts.default_config(d)
+    cfg = default_config(d)
     assert cfg.row_tma and cfg.col_tma
-    off = ts.KernelConfig(**{**cfg.__dict__, "row_tma": False, "col_tma": False})
-    a = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
-    b = ts.attention_stats_triton(q, k, entropy=True, config=off)
+    off = KernelConfig(**{**cfg.__dict__, "row_tma": False, "col_tma": False})
+    a = launch.attention_stats_triton(q, k, entropy=True, config=cfg)
+    b = launch.attention_stats_triton(q, k, entropy=True, config=off)
     oracle.check(a, ref, tol=1e-2)
     oracle.check(b, ref, tol=1e-2)
     for name in ("lse", "col_sum"):
@@ -226,6 +235,6 @@ def test_gpu_fp32_tf32x3_and_ieee(oracle, poison):
     q, k = _inputs(1, 4, 2, 900, 900, 128, torch.float32)
     ref = oracle.dense(q, k)
     for dot in ("tf32x3", "ieee"):
-        cfg = ts.KernelConfig(**{**ts.default_config(128, torch.float32).__dict__, "fp32_dot": dot})
-        st = ts.attention_stats_triton(q, k, entropy=True, config=cfg)
+        cfg = KernelConfig(**{**default_config(128, torch.float32).__dict__, "fp32_dot": dot})
+        st = launch.attention_stats_triton(q, k, entropy=True, config=cfg)
         oracle.check(st, ref, tol=1e-3)

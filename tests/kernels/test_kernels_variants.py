@@ -8,6 +8,7 @@ row of a block sees, so these tests also check the interval bookkeeping.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import zlib
@@ -17,7 +18,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from headhunt.kernels import attention_probs_at, attention_stats
+from headhunt.kernels import AttentionVariant, attention_probs_at, attention_stats
+from headhunt.kernels.config import KernelConfig, default_config
 from headhunt.kernels.masks import key_visible_counts, row_key_bounds
 from headhunt.kernels.reference import attention_stats_torch
 
@@ -100,7 +102,7 @@ def test_torch_variants_match_dense(case, oracle):
     q, k, kw = make_case(case)
     ref = oracle.dense(q, k, **kw)
     # block_q=16 forces several (partial) blocks; the default adaptive blocks too.
-    st = attention_stats_torch(q, k, entropy=True, block_q=16, **kw)
+    st = attention_stats_torch(q, k, AttentionVariant(**kw), entropy=True, block_q=16)
     oracle.check(st, ref, tol=TOL[q.dtype])
     st2 = attention_stats(q, k, entropy=True, backend="torch", **kw)
     oracle.check(st2, ref, tol=TOL[q.dtype])
@@ -111,9 +113,9 @@ def _triton():
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("no CUDA and the Triton interpreter is off")
-    from headhunt.kernels import triton_stats
+    from headhunt.kernels import launch
 
-    return triton_stats
+    return launch
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,10 +150,10 @@ DECODE_CASES = [
 def test_triton_decode_split_matches_dense(case, oracle, poison, monkeypatch):
     # The split-K decode kernels (forced here; chosen by default for few queries over
     # many keys), with splits that cut through key tiles and rows' intervals.
-    ts = _triton()
-    monkeypatch.setattr(ts, "_sm_count", lambda device: 3)
+    launch = _triton()
+    monkeypatch.setattr(launch.triton_decode, "sm_count", lambda device: 3)
     q, k, kw = make_case(case, DEVICE)
-    st = ts.attention_stats_triton(q, k, entropy=True, decode=True, **kw)
+    st = launch.attention_stats_triton(q, k, AttentionVariant(**kw), entropy=True, decode=True)
     oracle.check(st, oracle.dense(q, k, **kw), tol=TOL[q.dtype])
 
 
@@ -160,20 +162,20 @@ def test_triton_decode_split_matches_dense(case, oracle, poison, monkeypatch):
 def test_triton_variant_tiles_and_pipelines(name, oracle, poison):
     # Other tile shapes move the interval edges inside the tiles and change which tiles
     # are skipped, masked or full; the software-pipelined loops must agree too.
-    ts = _triton()
+    launch = _triton()
     small = dict(row_warps=1, row_stages=1, col_warps=1, col_stages=1)
     configs = [
-        ts.KernelConfig(32, 16, col_block_n=16, col_block_m=32, **small),
-        ts.KernelConfig(16, 32, col_block_n=32, col_block_m=16, argmax_mode=2,
+        KernelConfig(32, 16, col_block_n=16, col_block_m=32, **small),
+        KernelConfig(16, 32, col_block_n=32, col_block_m=16, argmax_mode=2,
                         row_pipeline=True, col_pipeline=True, **small),
     ]  # fmt: skip
     if torch.cuda.is_available():
-        configs = [ts.default_config(16), ts.KernelConfig(row_pipeline=True, argmax_mode=3)]
+        configs = [default_config(16), KernelConfig(row_pipeline=True, argmax_mode=3)]
     case = next(c for c in CASES if c[0] == name)
     q, k, kw = make_case(case, DEVICE)
     ref = oracle.dense(q, k, **kw)
     for cfg in configs:
-        st = ts.attention_stats_triton(q, k, entropy=True, config=cfg, **kw)
+        st = launch.attention_stats_triton(q, k, AttentionVariant(**kw), entropy=True, config=cfg)
         oracle.check(st, ref, tol=TOL[q.dtype])
 
 
@@ -183,7 +185,9 @@ def test_triton_query_ranges(kind, oracle):
     # whatever the intervals (random ones: some empty, not monotone), and be exactly their
     # span for monotone ones (causal + window + left padding); the rows [full_lo, full_hi)
     # that run unmasked must see all of the tile's keys or none.
-    ts = _triton()
+    _triton()
+    from headhunt.kernels.triton_columns import query_ranges
+
     gen = torch.Generator().manual_seed(3)
     b, nq, nk, block = 3, 40, 50, 8
     if kind == "random":
@@ -191,7 +195,7 @@ def test_triton_query_ranges(kind, oracle):
         kw["key_lo"], kw["key_hi"] = _bounds("random", b, nq, nk, gen)
     else:
         kw = dict(causal=True, q_offset=10, window=13, key_lo=_bounds("leftpad", b, nq, nk, gen)[0])
-    ranges = ts._query_ranges(*row_key_bounds(b, nq, nk, **kw), nk, block)
+    ranges = query_ranges(*row_key_bounds(b, nq, nk, **kw), nk, block)
     vis = oracle.visible(b, nq, nk, **kw)
     full_tiles = 0
     for bi in range(b):
@@ -295,7 +299,7 @@ def test_window_work_scales_with_visible_keys():
     n, hq, block_q, window = 2048, 2, 64, 32
     q, k = torch.randn(1, hq, n, 16), torch.randn(1, 1, n, 16)
     with _MatmulElements() as windowed:
-        st = attention_stats_torch(q, k, block_q=block_q, window=window)
+        st = attention_stats_torch(q, k, AttentionVariant(window=window), block_q=block_q)
     with _MatmulElements() as causal:
         attention_stats_torch(q, k, block_q=block_q)
     assert windowed.total <= hq * n * (block_q + window + 2 * 64), windowed.total
@@ -333,13 +337,15 @@ def test_backend_routing_never_drops_an_option(monkeypatch):
 
     cuda_q = SimpleNamespace(is_cuda=True)  # _pick_backend only asks where q lives
     monkeypatch.setattr(api, "triton_available", lambda: True)
-    monkeypatch.setattr(api, "_TRITON_OPTIONS", frozenset({"window"}))
-    opts = dict(sinks=torch.zeros(2), window=3, chunk=None)
+    fields = frozenset({"causal", "scale", "q_offset", "window"})
+    monkeypatch.setattr(AttentionVariant, "TRITON_FIELDS", fields)
+    opts = AttentionVariant(sinks=torch.zeros(2), window=3, chunk=None)
+    no_sinks = dataclasses.replace(opts, sinks=None)
     assert api._pick_backend("auto", cuda_q, 8, opts) == "torch"
-    assert api._pick_backend("auto", cuda_q, 8, dict(opts, sinks=None)) == "triton"
+    assert api._pick_backend("auto", cuda_q, 8, no_sinks) == "triton"
     with pytest.raises(ValueError, match="does not support sinks"):
         api._pick_backend("triton", cuda_q, 8, opts)
-    assert api._pick_backend("triton", cuda_q, 8, dict(opts, sinks=None)) == "triton"
+    assert api._pick_backend("triton", cuda_q, 8, no_sinks) == "triton"
 
 
 @pytest.mark.gpu
@@ -368,7 +374,7 @@ def test_gpu_variants_default_tiles(d, oracle, poison):
 def test_gpu_decode_long_cache(oracle, poison):
     # One and four queries over 40k keys (the default picks the split-K kernels), with
     # ties across splits: key 5 is copied to 20000 and 39990, the argmax must say 5.
-    ts = _triton()
+    launch = _triton()
     gen = torch.Generator(device="cuda").manual_seed(0)
     for nq in (1, 4):
         q = torch.randn(1, 32, nq, 128, device="cuda", generator=gen).bfloat16()
@@ -382,7 +388,7 @@ def test_gpu_decode_long_cache(oracle, poison):
             oracle.check(st, ref, tol=1e-2, key_stats=False)
             if "window" not in kw:
                 assert (st.argmax == 5).all()
-        row = ts.attention_stats_triton(q, k, key_stats=False, decode=False)
+        row = launch.attention_stats_triton(q, k, key_stats=False, decode=False)
         torch.testing.assert_close(
             row.lse, attention_stats(q, k, key_stats=False).lse, rtol=1e-5, atol=1e-5
         )
