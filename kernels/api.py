@@ -69,16 +69,32 @@ def _pick_backend(
     backend: Backend, q: Tensor, d: int, variant: AttentionVariant
 ) -> Literal["torch", "triton"]:
     _check_backend(backend)
-    if backend == "torch":
-        return "torch"
     unsupported = variant.triton_unsupported()
     if backend == "triton":
         if unsupported:
             raise ValueError(f"the Triton backend does not support {', '.join(unsupported)} yet")
         return "triton"
-    if not unsupported and q.is_cuda and d <= TRITON_MAX_HEAD_DIM and triton_available():
+    if (
+        backend == "auto"
+        and not unsupported
+        and q.is_cuda
+        and d <= TRITON_MAX_HEAD_DIM
+        and triton_available()
+    ):
         return "triton"
+    _torch_supports(variant)
     return "torch"
+
+
+def _torch_supports(variant: AttentionVariant) -> None:
+    """Raise ``ValueError`` for a field the torch backend does not implement (so that it is
+    never left out of a result silently)."""
+    missing = variant.torch_unsupported()
+    if missing:
+        raise ValueError(
+            f"the torch backend does not support {', '.join(missing)} yet (the Triton "
+            "backend does, on CUDA)"
+        )
 
 
 def attention_stats(
@@ -242,6 +258,7 @@ def attention_forward(
         from .launch import attention_forward_triton
 
         return attention_forward_triton(q, k, v, variant, key_stats=key_stats, entropy=entropy)
+    _torch_supports(variant)
     return attention_forward_torch(q, k, v, variant, key_stats=key_stats, entropy=entropy)
 
 
@@ -288,6 +305,7 @@ def attention_probs_at(
     if tuple(lse.shape) != (b, hq, nq):
         raise ValueError(f"lse must be [{b}, {hq}, {nq}]; got {tuple(lse.shape)}")
     variant = AttentionVariant.of(variant, **options).checked(q, k)
+    _torch_supports(variant)
     return attention_probs_at_torch(q, k, lse, query_idx.long(), key_idx.long(), variant)
 
 

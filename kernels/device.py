@@ -241,8 +241,14 @@ def _tanh_small(x):
 
 
 @triton.jit
-def qk(a, b, sc_in, sc_out, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
-    """Raw products ``a @ b^T`` of two row tiles; with a softcap, mapped through
+def qk(
+    a, b, sc_in, sc_out, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, slope=0.0, a_pos=0,
+    b_pos=0, ALIBI: tl.constexpr = False,
+):  # fmt: skip
+    """Raw products ``a @ b^T`` of two row tiles; with ``ALIBI`` plus the linear bias
+    ``slope * (b_pos - a_pos)`` (``slope`` a scalar or an [a rows, 1] column, in raw-product
+    units: the ALiBi slope divided by the scale; ``a_pos`` / ``b_pos`` the positions of the
+    rows); with a softcap, then mapped through
     ``sc_out * tanh(sc_in * s)`` (``sc_in = scale / cap``, ``sc_out = cap / scale``), which
     is the capped score ``cap * tanh(scale * s / cap)`` back in raw-product units, so the
     callers' ``qk_scale`` and max bookkeeping apply unchanged (tanh is increasing).
@@ -253,6 +259,8 @@ def qk(a, b, sc_in, sc_out, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     branch) take the exp2-based formula.
     """
     s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
+    if ALIBI:
+        s = s + slope * (b_pos[None, :] - a_pos[:, None]).to(tl.float32)
     if SOFTCAP:
         x = sc_in * s
         if tl.max(tl.max(tl.abs(x), axis=1), axis=0) <= 0.5:

@@ -437,6 +437,7 @@ def gluon_supported(L) -> bool:
         and L.lo is None
         and L.softcap_in == 0.0
         and L.sinks is None
+        and L.alibi is None
         and (not L.causal or L.q_offset >= 0)
         and L.nk > 0
     )

@@ -87,6 +87,7 @@ class Launch:
     softcap_in: float = 0.0  # scale / softcap (0: no softcap)
     softcap_out: float = 0.0  # softcap / scale
     sinks: Tensor | None = None  # float32 [hq]
+    alibi: Tensor | None = None  # float32 [hq]: ALiBi slopes over the scale (raw-product units)
 
     @property
     def causal(self) -> bool:
@@ -163,6 +164,7 @@ def prepare(
         and tma_views(q, k) is not None
     )
     scale, softcap, sinks = variant.scale, variant.softcap, variant.sinks
+    slopes = variant.alibi_slopes
     key_lo, key_hi = variant.key_lo, variant.key_hi
     variant = dataclasses.replace(
         variant,
@@ -187,6 +189,7 @@ def prepare(
         softcap_in=scale / softcap if softcap is not None else 0.0,
         softcap_out=softcap / scale if softcap is not None else 0.0,
         sinks=None if sinks is None else sinks.to(device=q.device, dtype=torch.float32),
+        alibi=None if slopes is None else (slopes.to(q.device, torch.float32) / scale).contiguous(),
     )
 
 

@@ -79,6 +79,7 @@ def _col_tile(
     qk_scale,
     sc_in,
     sc_out,
+    neg_slope,
     MASK: tl.constexpr,
     BOUNDS: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -87,13 +88,15 @@ def _col_tile(
     EXP: tl.constexpr,
     ASM: tl.constexpr,
     TMA: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     """Add ``sum_i p_ij`` over the query rows ``m0 + offs_m`` to the key tile's ``acc``.
 
     ``MASK``: apply the visibility of each (key, row) pair: the row's ``[lo, hi]`` with
     ``BOUNDS``, else the causal rule; it also drops rows without keys, whose lse = -inf
     would give ``exp2(+inf)`` (unmasked ``BOUNDS`` tiles drop them through their lse).
-    Rows past ``nq`` read lse = +inf, so their terms are 0.
+    Rows past ``nq`` read lse = +inf, so their terms are 0. ``ALIBI``: the scores carry
+    the bias ``-neg_slope * (row position - key)`` (the tile is [keys, rows]).
     """
     rows = m0 + offs_m
     q = load_rows(Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST)
@@ -105,7 +108,7 @@ def _col_tile(
             # Rows that see no key can sit in an unmasked tile; their lse (-inf, or the
             # sink logit) must not turn into probabilities.
             lse2 = tl.where(lo <= hi, lse2, float("inf"))
-    st = qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)  # [BLOCK_N, BLOCK_M]
+    st = qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP, neg_slope, offs_n, q_offset + rows, ALIBI)
     p = exp2(st * qk_scale - lse2[None, :], EXP, ASM)
     if MASK:
         if BOUNDS:
@@ -133,6 +136,7 @@ def _col_stats_kernel(
     HI,
     MRANGE,
     COUNT,
+    ALIBI_S,
     nq,
     nk,
     q_offset,
@@ -155,6 +159,7 @@ def _col_stats_kernel(
     EXP: tl.constexpr,
     ASM: tl.constexpr,
     TMA: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     # Key tile 0 has the most visible queries under the causal mask and already runs
     # first in launch order, so no reordering is needed here.
@@ -175,6 +180,9 @@ def _col_stats_kernel(
         K, k_base, k_flat0, n0, tl.arange(0, BLOCK_N), nk, stride_kn, d_ok, True, TMA, UPCAST
     )
     lse_base = LSE + pid_bh * nq
+    neg_slope = 0.0
+    if ALIBI:  # minus the ALiBi slope over the scale: the tiles are [keys, rows]
+        neg_slope = -tl.load(ALIBI_S + h)
     lo_base = LO + b * nq
     hi_base = HI + b * nq
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -201,16 +209,16 @@ def _col_stats_kernel(
             for m0 in range(m_begin, m_end, BLOCK_M):
                 acc = _col_tile(
                     acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
-                    d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
-                    run != 1, BOUNDS, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+                    d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out, neg_slope,
+                    run != 1, BOUNDS, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA, ALIBI,
                 )  # fmt: skip
     else:
         m_lo, m_mid = causal_query_tiles(n0, q_offset, nq, BLOCK_N, BLOCK_M, CAUSAL)
         for m0 in range(m_lo, m_mid, BLOCK_M):
             acc = _col_tile(
                 acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
-                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
-                True, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+                d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out, neg_slope,
+                True, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA, ALIBI,
             )  # fmt: skip
 
         if PIPELINE:
@@ -222,14 +230,20 @@ def _col_stats_kernel(
                     Q, q_base, q_flat0, m_mid, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
                 )
                 lse2 = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-                st = qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)
+                st = qk(
+                    k, q, sc_in, sc_out, PRECISION, SOFTCAP, neg_slope, offs_n, q_offset + rows,
+                    ALIBI,
+                )  # fmt: skip
                 for m0 in range(m_mid + BLOCK_M, nq, BLOCK_M):
                     rows = m0 + offs_m
                     q = load_rows(
                         Q, q_base, q_flat0, m0, offs_m, nq, stride_qm, d_ok, True, TMA, UPCAST
                     )
                     lse2_next = tl.load(lse_base + rows, mask=rows < nq, other=float("inf")) * LOG2E
-                    st_next = qk(k, q, sc_in, sc_out, PRECISION, SOFTCAP)
+                    st_next = qk(
+                        k, q, sc_in, sc_out, PRECISION, SOFTCAP, neg_slope, offs_n,
+                        q_offset + rows, ALIBI,
+                    )  # fmt: skip
                     acc += tl.sum(exp2(st * qk_scale - lse2[None, :], EXP, ASM), axis=1)
                     st = st_next
                     lse2 = lse2_next
@@ -238,8 +252,8 @@ def _col_stats_kernel(
             for m0 in range(m_mid, nq, BLOCK_M):
                 acc = _col_tile(
                     acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm,
-                    d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out,
-                    False, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA,
+                    d_ok, lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out, neg_slope,
+                    False, False, SOFTCAP, PRECISION, UPCAST, EXP, ASM, TMA, ALIBI,
                 )  # fmt: skip
 
     out = pid_bh * nk + offs_n
@@ -353,10 +367,16 @@ def _col_fast_kernel(
 
 
 def fast_columns_apply(L: Launch, cfg: KernelConfig) -> bool:
-    """Whether ``_col_fast_kernel`` serves this call: no per-row key bounds, no softcap,
-    and the configuration asks for none of the general kernel's own options (its
+    """Whether ``_col_fast_kernel`` serves this call: no per-row key bounds, no softcap, no
+    ALiBi, and the configuration asks for none of the general kernel's own options (its
     pipelined loop or approximate exponentials)."""
-    return L.lo is None and L.softcap_in == 0 and not cfg.col_pipeline and cfg.col_exp == 0
+    return (
+        L.lo is None
+        and L.softcap_in == 0
+        and L.alibi is None
+        and not cfg.col_pipeline
+        and cfg.col_exp == 0
+    )
 
 
 def launch_columns(L: Launch, lse: Tensor, col_sum: Tensor, col_mean: Tensor) -> None:
@@ -422,6 +442,7 @@ def launch_general_columns(L: Launch, lse: Tensor, col_sum: Tensor, col_mean: Te
         L.hi if bounds else lse,
         mrange if bounds else lse,
         count if bounds else lse,
+        L.alibi if L.alibi is not None else lse,
         L.nq,
         L.nk,
         L.q_offset,
@@ -444,6 +465,7 @@ def launch_general_columns(L: Launch, lse: Tensor, col_sum: Tensor, col_mean: Te
         EXP=exp_mode(cfg.col_exp, L.q.dtype),
         ASM=not interpreting(),
         TMA=cfg.col_tma and L.tma,
+        ALIBI=L.alibi is not None,
         num_warps=cfg.col_warps,
         num_stages=cfg.col_stages,
     )

@@ -50,14 +50,14 @@ DECODE_MIN_KEYS = 2048
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, PM, PL, PA, PT, KLO, KHI,
+    Q, K, PM, PL, PA, PT, KLO, KHI, ALIBI_S,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     nq, nk, q_offset, hkv, group, qk_scale, sc_in, sc_out, window, chunk, split_len,
     n_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EXP: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, ALIBI: tl.constexpr,
 ):  # fmt: skip
     """Split-K pass for few queries over many keys: one program per (key split, batch,
     kv head) scores every query of the kv head's GQA group (``group * nq`` rows, one
@@ -101,6 +101,9 @@ def _decode_split_kernel(
         hi = tl.minimum(hi, tl.load(KHI + b * nq + i, mask=row_ok, other=0).to(tl.int32))
     lo = tl.where(row_ok, lo, nk)
     hi = tl.where(row_ok, hi, -1)
+    slope = 0.0
+    if ALIBI:  # each row's head's ALiBi slope over the scale, as an [R, 1] column
+        slope = tl.load(ALIBI_S + h, mask=row_ok, other=0.0)[:, None]
 
     s0 = pid_s * split_len
     s1 = tl.minimum(s0 + split_len, nk)
@@ -120,7 +123,7 @@ def _decode_split_kernel(
         )
         if UPCAST:
             k = k.to(tl.float32)
-        s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+        s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, cols, ALIBI)
         valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
         valid = valid & (cols[None, :] < k1)
         m_i, l_i, a_i, t_i, _, _ = softmax_tile(
@@ -198,6 +201,7 @@ def launch_decode(L: Launch, lse: Tensor, mx: Tensor, arg: Tensor, ent: Tensor |
     _decode_split_kernel[(splits, L.b * L.hkv)](
         L.q, L.k, pm, pl, pa, pt,
         v.key_lo if v.key_lo is not None else pa, v.key_hi if v.key_hi is not None else pa,
+        L.alibi if L.alibi is not None else pm,
         L.q.stride(0), L.q.stride(1), L.q.stride(2), L.k.stride(0), L.k.stride(1), L.k.stride(2),
         L.nq, L.nk, L.q_offset, L.hkv, group, L.qk_scale, L.softcap_in, L.softcap_out,
         v.window or 0, v.chunk or 0, split_len, splits,
@@ -205,7 +209,7 @@ def launch_decode(L: Launch, lse: Tensor, mx: Tensor, arg: Tensor, ent: Tensor |
         CAUSAL=L.causal, HAS_LO=v.key_lo is not None, HAS_HI=v.key_hi is not None,
         SOFTCAP=L.softcap_in > 0, ENTROPY=ent is not None, PRECISION=L.precision,
         UPCAST=L.upcast, EXP=exp_mode(L.cfg.row_exp, L.q.dtype), ASM=not interpreting(),
-        num_warps=4, num_stages=3,
+        ALIBI=L.alibi is not None, num_warps=4, num_stages=3,
     )  # fmt: skip
     _decode_combine_kernel[(L.b * L.hkv,)](
         pm, pl, pa, pt, L.sinks if L.sinks is not None else pm, lse, mx, arg,

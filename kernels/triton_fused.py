@@ -95,6 +95,7 @@ def _fwd_tile(
     qk_scale,
     sc_in,
     sc_out,
+    slope,
     MASK: tl.constexpr,
     BOUNDS: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -107,6 +108,7 @@ def _fwd_tile(
     EXP: tl.constexpr,
     ASM: tl.constexpr,
     TMA: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     """Fold the key/value tile at ``n0`` into the row state and the output accumulator.
 
@@ -114,7 +116,7 @@ def _fwd_tile(
     rule and the end of the keys); off for tiles every row sees whole.
     """
     k = _tile(K, k_base, k_row0, k_col0, n0, offs_n, nk, stride_kn, d_ok, MASK, TMA, UPCAST)
-    s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+    s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, n0 + offs_n, ALIBI)
     cols = n0 + offs_n
     if MASK:
         if BOUNDS:
@@ -140,13 +142,14 @@ def _fused_fwd_kernel(
     Q, K, V, OUT, LSE, MAX, ARG, ENT,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-    LO, HI, SINK,
+    LO, HI, SINK, ALIBI_S,
     nq, nk, q_offset, hq, group, qk_scale, sc_in, sc_out,
     q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
     ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EXP: tl.constexpr, ASM: tl.constexpr, TMA: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):  # fmt: skip
     # Longest query tiles first (the last tile sees the most keys under the causal mask).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -182,6 +185,9 @@ def _fused_fwd_kernel(
     a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     pos = q_offset + offs_m
+    slope = 0.0
+    if ALIBI:  # ALiBi slope of this head over the scale (raw-product units)
+        slope = tl.load(ALIBI_S + h)
 
     # Key tiles in three runs: [k_start, n_lo) masked, [n_lo, n_full) seen whole by every
     # row of the tile (no mask), [n_full, hi_end) masked; bounds as in the row pass.
@@ -205,9 +211,9 @@ def _fused_fwd_kernel(
             acc, m_i, l_i, a_i, t_i = _fwd_tile(
                 q, acc, m_i, l_i, a_i, t_i, K, k_base, k_row0, kvh * k_ch, V, v_base, v_row0,
                 kvh * v_ch, n0, offs_n, nk,
-                stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out,
+                stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out, slope,
                 run != 1, BOUNDS, CAUSAL, SOFTCAP, ENTROPY, ARGMAX, BLOCK_N, PRECISION, UPCAST,
-                EXP, ASM, TMA,
+                EXP, ASM, TMA, ALIBI,
             )  # fmt: skip
 
     # Output: acc / (sum of the row's exponentials, plus the sink's term with sinks); a
@@ -286,13 +292,13 @@ def launch_fused(L: Launch, v: Tensor, out: Tensor, lse, mx, arg, ent) -> None:
         L.k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
         out.stride(2),
         L.lo if L.lo is not None else arg, L.hi if L.hi is not None else arg,
-        L.sinks if L.sinks is not None else lse,
+        L.sinks if L.sinks is not None else lse, L.alibi if L.alibi is not None else lse,
         L.nq, L.nk, L.q_offset, L.hq, L.group, L.qk_scale, L.softcap_in,
         L.softcap_out, *layout,
         D=L.d, BLOCK_D=max(16, triton.next_power_of_2(L.d)), BLOCK_M=cfg.row_block_m,
         BLOCK_N=cfg.row_block_n, CAUSAL=L.causal, BOUNDS=L.lo is not None,
         SOFTCAP=L.softcap_in > 0, SINKS=L.sinks is not None, ENTROPY=ent is not None,
         ARGMAX=cfg.argmax_mode, PRECISION=L.precision, UPCAST=L.upcast,
-        EXP=0, ASM=not interpreting(), TMA=tma,
+        EXP=0, ASM=not interpreting(), TMA=tma, ALIBI=L.alibi is not None,
         num_warps=cfg.row_warps, num_stages=cfg.row_stages,
     )  # fmt: skip

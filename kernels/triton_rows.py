@@ -52,6 +52,7 @@ def _row_stats_kernel(
     LO,
     HI,
     SINK,
+    ALIBI_S,
     nq,
     nk,
     q_offset,
@@ -76,6 +77,7 @@ def _row_stats_kernel(
     EXP: tl.constexpr,
     ASM: tl.constexpr,
     TMA: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     # Query tiles run longest-first (the last tile sees the most keys under the causal
     # mask), so the long programs start in the first wave and the tail stays short.
@@ -103,6 +105,9 @@ def _row_stats_kernel(
     t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
     pos = q_offset + offs_m  # absolute position of each query row
+    slope = 0.0
+    if ALIBI:  # ALiBi slope of this head over the scale (raw-product units)
+        slope = tl.load(ALIBI_S + h)
 
     if BOUNDS:
         # Per-row key intervals [lo, hi] (window, chunk, padding, ...): see interval_tiles.
@@ -110,7 +115,7 @@ def _row_stats_kernel(
         for n0 in range(k_start, n_lo, BLOCK_N):
             cols = n0 + offs_n
             k = load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
-            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, cols, ALIBI)
             valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
             m_i, l_i, a_i, t_i, _, _ = softmax_tile(
                 s, m_i, l_i, a_i, t_i, n0, valid, qk_scale,
@@ -127,12 +132,12 @@ def _row_stats_kernel(
         # on tile n0 - BLOCK_N, so the tensor cores and the exp2 units can overlap.
         if n_full > n_lo:
             k = load_rows(K, k_base, k_flat0, n_lo, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
-            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, n_lo + offs_n, ALIBI)
             for n0 in range(n_lo + BLOCK_N, n_full, BLOCK_N):
                 k = load_rows(
                     K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST
                 )
-                s_next = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+                s_next = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, n0 + offs_n, ALIBI)
                 m_i, l_i, a_i, t_i, _, _ = softmax_tile(
                     s, m_i, l_i, a_i, t_i, n0 - BLOCK_N, s, qk_scale,
                     False, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
@@ -145,7 +150,7 @@ def _row_stats_kernel(
     else:
         for n0 in range(n_lo, n_full, BLOCK_N):
             k = load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, False, TMA, UPCAST)
-            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+            s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, n0 + offs_n, ALIBI)
             m_i, l_i, a_i, t_i, _, _ = softmax_tile(
                 s, m_i, l_i, a_i, t_i, n0, s, qk_scale,
                 False, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
@@ -154,7 +159,7 @@ def _row_stats_kernel(
     for n0 in range(n_full, hi_end, BLOCK_N):
         cols = n0 + offs_n
         k = load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
-        s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP)
+        s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, cols, ALIBI)
         if BOUNDS:
             valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
         else:
@@ -201,6 +206,7 @@ def launch_rows(
         L.lo if L.lo is not None else arg,  # unused pointers without BOUNDS / SINKS
         L.hi if L.hi is not None else arg,
         L.sinks if L.sinks is not None else lse,
+        L.alibi if L.alibi is not None else lse,
         L.nq,
         L.nk,
         L.q_offset,
@@ -225,6 +231,7 @@ def launch_rows(
         EXP=exp_mode(cfg.row_exp, L.q.dtype),
         ASM=not interpreting(),
         TMA=cfg.row_tma and L.tma,
+        ALIBI=L.alibi is not None,
         num_warps=cfg.row_warps,
         num_stages=cfg.row_stages,
     )

@@ -30,7 +30,9 @@ class AttentionVariant:
     ``j`` when every rule that is set holds (transformers' ``masking_utils``):
     ``causal`` ``j <= p``; ``window`` ``p - window < j``; ``chunk``
     ``j // chunk == p // chunk``; ``key_lo[b, i] <= j <= key_hi[b, i]``. ``sinks`` adds one
-    logit per query head to every row's softmax denominator (gpt-oss). See
+    logit per query head to every row's softmax denominator (gpt-oss). ``alibi_slopes`` adds
+    the linear bias of ALiBi (Press et al. 2022, https://arxiv.org/abs/2108.12409; bloom,
+    mpt) to every scaled score before the softcap: ``s_ij += alibi_slopes[h] * (j - p)``. See
     :func:`headhunt.kernels.attention_stats` for the full definitions.
 
     Attributes:
@@ -43,6 +45,8 @@ class AttentionVariant:
         sinks: Float ``[hq]`` sink logit per query head.
         key_lo: Int64 ``[batch, queries]`` first visible key of each row (inclusive).
         key_hi: Int64 ``[batch, queries]`` last visible key of each row (inclusive).
+        alibi_slopes: Float ``[hq]`` ALiBi slope per query head (scores in the units of
+            the scaled scores, as ``sinks``).
     """
 
     causal: bool = True
@@ -54,10 +58,17 @@ class AttentionVariant:
     sinks: Float[Tensor, " hq"] | None = None
     key_lo: Int64[Tensor, "b nq"] | None = None
     key_hi: Int64[Tensor, "b nq"] | None = None
+    alibi_slopes: Float[Tensor, " hq"] | None = None
 
     # Fields the Triton kernels implement when set; a variant that sets any other field
     # goes to the torch backend under "auto" and is refused by backend="triton".
     TRITON_FIELDS = frozenset(
+        {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi",
+         "alibi_slopes"}
+    )  # fmt: skip
+    # Fields the torch reference implements; a variant that sets any other is refused there
+    # (never computed without it).
+    TORCH_FIELDS = frozenset(
         {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi"}
     )
 
@@ -79,6 +90,10 @@ class AttentionVariant:
     def triton_unsupported(self) -> list[str]:
         """Names of the set fields the Triton kernels do not implement (sorted)."""
         return sorted(n for n in self.set_fields() if n not in self.TRITON_FIELDS)
+
+    def torch_unsupported(self) -> list[str]:
+        """Names of the set fields the torch reference does not implement (sorted)."""
+        return sorted(n for n in self.set_fields() if n not in self.TORCH_FIELDS)
 
     @property
     def has_intervals(self) -> bool:
@@ -121,15 +136,18 @@ class AttentionVariant:
         softcap = self.softcap
         if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
             raise ValueError(f"softcap must be a positive finite number; got {softcap!r}")
-        sinks = self.sinks
-        if sinks is not None:
-            if tuple(sinks.shape) != (hq,):
-                raise ValueError(
-                    f"sinks must be [{hq}] (one logit per query head); got {tuple(sinks.shape)}"
-                )
-            sinks = sinks.detach().to(device=q.device, dtype=torch.float32)
-            if not torch.isfinite(sinks).all():
-                raise ValueError("sinks must be finite")
+        per_head = {}
+        for name, what in (("sinks", "logit"), ("alibi_slopes", "slope")):
+            t = getattr(self, name)
+            if t is not None:
+                if tuple(t.shape) != (hq,):
+                    raise ValueError(
+                        f"{name} must be [{hq}] (one {what} per query head); got {tuple(t.shape)}"
+                    )
+                t = t.detach().to(device=q.device, dtype=torch.float32)
+                if not torch.isfinite(t).all():
+                    raise ValueError(f"{name} must be finite")
+            per_head[name] = t
         bounds = {}
         for name in ("key_lo", "key_hi"):
             t = getattr(self, name)
@@ -147,6 +165,6 @@ class AttentionVariant:
             window=None if self.window is None else int(self.window),
             chunk=None if self.chunk is None else int(self.chunk),
             softcap=None if softcap is None else float(softcap),
-            sinks=sinks,
+            **per_head,
             **bounds,
         ).resolved(q, k)

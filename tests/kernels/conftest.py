@@ -84,16 +84,21 @@ def dense_reference(
     sinks=None,
     key_lo=None,
     key_hi=None,
+    alibi_slopes=None,
 ) -> Dense:
     """Materialise the float64 score matrix and derive every statistic from it, as the
-    eager attention of transformers does: scale, softcap, mask, softmax over the keys and
-    (gpt-oss) one sink logit per head."""
+    eager attention of transformers does: scale, ALiBi bias (``slope_h * (j - p_i)``),
+    softcap, mask, softmax over the keys and (gpt-oss) one sink logit per head."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     kk = k.double().cpu().repeat_interleave(group, dim=1)
     s = (q.double().cpu() @ kk.transpose(-1, -2)) * scale
+    if alibi_slopes is not None:
+        q_off = nk - nq if q_offset is None else q_offset
+        rel = torch.arange(nk).view(1, nk) - (torch.arange(nq) + q_off).view(nq, 1)
+        s = s + alibi_slopes.double().cpu().view(1, hq, 1, 1) * rel.double()
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     visible = dense_visible(
