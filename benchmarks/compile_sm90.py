@@ -72,6 +72,7 @@ _DTYPES = {"ARG": torch.int64, "PA": torch.int32, "LO": torch.int32, "HI": torch
 def _args(kernel, consts: dict, dtype: torch.dtype, descs: dict) -> list:
     """Positional arguments of ``kernel``: tensors for pointers (upper-case names), odd ints
     (no divisibility specialisation), floats, descriptors from ``descs``, ``consts``."""
+    consts = {"ALIBI": False, **consts}  # flags newer kernels take, off unless a variant sets them
     args = []
     for name in kernel.arg_names:
         if name == "num_warps":  # Gluon kernels take it as a parameter: the launch option
@@ -167,6 +168,24 @@ def _variants():
         c = dict(D=d, BLOCK_N=128, STAGES=2, CAUSAL=bool(causal), ENTROPY=bool(ent),
                  REGS0=240, REGS1=32)  # fmt: skip
         yield "_gluon_ws_kernel", f"{causal}{ent}", c, bf, descs, 4, 3
+    # ALiBi (kernels from issue 28.3 on; older kernels have no ALIBI and ignore it)
+    c = dict(D=d, BLOCK_D=d, BLOCK_M=64, BLOCK_N=128, CAUSAL=True, BOUNDS=False, SOFTCAP=False,
+             SINKS=False, ENTROPY=True, ARGMAX=2, PIPELINE=True, PRECISION="tf32",
+             UPCAST=False, EXP=0, ASM=True, TMA=True, ALIBI=True)  # fmt: skip
+    yield "_row_stats_kernel", "alibi", c, bf, tma2, 4, 3
+    c = dict(D=d, BLOCK_D=d, BLOCK_N=128, BLOCK_M=64, CAUSAL=True, BOUNDS=False,
+             SOFTCAP=False, PIPELINE=False, PRECISION="tf32", UPCAST=False, EXP=0, ASM=True,
+             TMA=True, ALIBI=True)  # fmt: skip
+    yield "_col_stats_kernel", "alibi", c, bf, tma2, 4, 3
+    c = dict(D=d, BLOCK_D=d, BLOCK_R=16, BLOCK_N=64, CAUSAL=True, HAS_LO=False, HAS_HI=False,
+             SOFTCAP=False, ENTROPY=True, PRECISION="tf32", UPCAST=False, EXP=0, ASM=True,
+             ALIBI=True)  # fmt: skip
+    yield "_decode_split_kernel", "alibi", c, bf, {}, 4, 3
+    c = dict(D=d, BLOCK_D=d, BLOCK_M=128, BLOCK_N=128, CAUSAL=True, BOUNDS=False,
+             SOFTCAP=False, SINKS=False, ENTROPY=True, ARGMAX=3, PRECISION="tf32",
+             UPCAST=False, EXP=0, ASM=True, TMA=True, ALIBI=True)  # fmt: skip
+    descs = {"Q": _tma_desc(128, d, bf), "K": _tma_desc(128, d, bf), "V": _tma_desc(128, d, bf)}
+    yield "_fused_fwd_kernel", "alibi", c, bf, descs, 8, 2
     c = dict(BLOCK_R=16, BLOCK_S=16, SINKS=True, ENTROPY=True)
     yield "_decode_combine_kernel", "11", c, bf, {}, 4, 3
     c = dict(BLOCK_R=16, BLOCK_S=16, HAS_SKIP=True)

@@ -151,7 +151,9 @@ def test_triton_decode_split_matches_dense(case, oracle, poison, monkeypatch):
     # The split-K decode kernels (forced here; chosen by default for few queries over
     # many keys), with splits that cut through key tiles and rows' intervals.
     launch = _triton()
-    monkeypatch.setattr(launch.triton_decode, "sm_count", lambda device: 3)
+    from headhunt.kernels import triton_decode
+
+    monkeypatch.setattr(triton_decode, "sm_count", lambda device: 3)
     q, k, kw = make_case(case, DEVICE)
     st = launch.attention_stats_triton(q, k, AttentionVariant(**kw), entropy=True, decode=True)
     oracle.check(st, oracle.dense(q, k, **kw), tol=TOL[q.dtype])
