@@ -154,6 +154,9 @@ class ActHook(AttentionHook):
         self.state: dict[int, Tensor] = {}  # layer -> [b, heads, keys seen] column sums
         self.sink_mass: dict[int, Tensor] = {}  # layer -> [b, hq, nq] mass on sinks (last call)
 
+    def layers(self) -> list[int]:
+        return sorted(self.by_layer)
+
     def reset(self) -> None:
         self.state.clear()
         self.sink_mass.clear()

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 def random_head_sets(
-    n_layers: int,
+    n_layers: int | Sequence[int],
     n_heads: int,
     size: int,
     n_sets: int,
@@ -35,10 +35,12 @@ def random_head_sets(
     ``exclude`` and sorted; ``seed`` may be a ``random.Random`` to go on with its stream.
 
     (Wu et al. meant to exclude their top heads from the random control but never did; here
-    the exclusion is applied.)
+    the exclusion is applied.) ``n_layers`` may instead list the layers to draw from (a
+    hybrid model's attention layers: ``HookedModel.attention_layers``).
     """
     bad = {(int(layer), int(head)) for layer, head in exclude}
-    pool = [(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in bad]
+    layers = range(n_layers) if isinstance(n_layers, int) else n_layers
+    pool = [(la, h) for la in layers for h in range(n_heads) if (la, h) not in bad]
     if n_sets and size > len(pool):
         raise HeadhuntError(
             f"cannot draw {size} random heads: only {len(pool)} heads remain after exclusion"
@@ -78,8 +80,12 @@ class MaskingCheck:
         heads = check_heads(heads, model.n_layers, model.n_heads)
         if not heads:
             raise HeadhuntError("no heads to mask")
+        layers = getattr(model, "attention_layers", None) or list(range(model.n_layers))
+        outside = sorted({layer for layer, _ in heads} - set(layers))
+        if outside:  # a hybrid's recurrent / convolution layers have no heads
+            raise HeadhuntError(f"layer {outside[0]} is not an attention layer ({layers})")
         sets = random_head_sets(
-            model.n_layers,
+            layers,
             model.n_heads,
             len(heads),
             n_random,

@@ -37,6 +37,9 @@ class HeadMask(AttentionHook):
         for layer, head in heads:
             self.by_layer[int(layer)].append(int(head))
 
+    def layers(self) -> list[int]:
+        return sorted(self.by_layer)
+
     def before(self, call: AttentionCall) -> None:
         heads = self.by_layer.get(call.layer)
         if heads and self.mode == "query":

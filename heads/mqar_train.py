@@ -51,6 +51,11 @@ class MQARTrainConfig:
         steps, batch_size, lr, weight_decay, warmup: AdamW with linear warmup, cosine decay.
         seed: seeds the initialisation and the data.
         target_accuracy: stop early once a held-out batch reaches it (checked every 100 steps).
+        family: "llama" (attention only, no MLP: the planted default), or another transformers
+            family built from its config class with its own MLPs: "lfm2" (``layer_types`` of
+            "conv" / "full_attention": gated short convolutions, attention, or a hybrid) or
+            "mamba2" (attention-free state-space layers), Zoology's comparison.
+        layer_types: each layer's kind for a hybrid family (its length sets the depth).
     """
 
     vocab_size: int = 128
@@ -68,6 +73,8 @@ class MQARTrainConfig:
     warmup: int = 100
     seed: int = 0
     target_accuracy: float = 0.99
+    family: str = "llama"
+    layer_types: tuple[str, ...] | None = None
 
     def spec(self) -> MQARSpec:
         return MQARSpec(
@@ -112,9 +119,46 @@ def mqar_tokenizer(vocab_size: int, shared_vocab: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="_")
 
 
+def build_family_model(cfg: MQARTrainConfig):
+    """An untrained model of ``cfg.family`` (lfm2, mamba2, ...) at ``cfg``'s width: 4x MLPs,
+    as many query as KV heads; a Mamba2 layer has heads of 16 channels over twice the width."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    layers = list(cfg.layer_types) if cfg.layer_types else None
+    n_layers = len(layers) if layers else cfg.n_layers
+    kw: dict[str, Any] = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": n_layers,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
+    if cfg.family == "mamba2":
+        kw.update(expand=2, head_dim=16, num_heads=2 * cfg.d_model // 16, n_groups=1)
+        kw.update(state_size=64, chunk_size=64)
+    else:
+        kw.update(num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads)
+        kw.update(intermediate_size=4 * cfg.d_model, max_position_embeddings=max(512, cfg.seq_len))
+        if layers:
+            kw["layer_types"] = layers
+    if cfg.family not in CONFIG_MAPPING:
+        raise HeadhuntError(f"transformers has no model family {cfg.family!r}")
+    hf_cfg = CONFIG_MAPPING[cfg.family](**kw)
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+    model.config.architectures = [type(model).__name__]
+    return model
+
+
 def build_model(cfg: MQARTrainConfig):
-    """The untrained attention-only Llama (a Hugging Face model, not yet wrapped)."""
+    """The untrained attention-only Llama (a Hugging Face model, not yet wrapped), or a model
+    of another family (:func:`build_family_model`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    if cfg.family != "llama":
+        return build_family_model(cfg)
 
     if cfg.d_model % cfg.n_heads:
         raise HeadhuntError(f"d_model {cfg.d_model} is not a multiple of n_heads {cfg.n_heads}")

@@ -203,6 +203,11 @@ def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScor
         std = s.std(0, ddof=1) if len(counted) > 1 else np.zeros(shape)
     else:
         mean = std = att = np.zeros(shape)
+    # a hybrid's layers that are not attention have no heads: NaN, not a score of 0
+    other = [i for i in range(model.n_layers) if i not in set(model.attention_layers)]
+    mean, std, att = (np.array(x, dtype=float) for x in (mean, std, att))
+    for x in (mean, std, att):
+        x[other] = np.nan
     kv = model.n_kv_heads
     return HeadScores.concat(
         [
@@ -211,6 +216,16 @@ def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScor
             HeadScores.from_matrix("needle_attention", att, n_kv_heads=kv),
             HeadScores.from_matrix("counted_trials", np.full(shape, len(counted)), n_kv_heads=kv),
         ]
+    )
+
+
+def scored_layers_line(model: HookedModel) -> str:
+    """One line naming the layers whose heads are scored (a hybrid's attention layers)."""
+    kinds = model.layer_kinds or []
+    others = sorted({kinds[i] for i in range(model.n_layers) if i not in model.attention_layers})
+    return (
+        f"scoring the heads of attention layers {model.attention_layers} of {model.n_layers}; "
+        f"the others ({', '.join(others)}) have no attention heads and score NaN"
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,6 +381,11 @@ class AttentionHook:
     # Whether the hook reads or changes heads by their index in the model's config (masks,
     # captures). A pruned layer's head slots are not those indices, so it refuses such hooks.
     indexes_heads: bool = True
+
+    def layers(self) -> Collection[int] | None:
+        """The layers the hook acts on by index (a head mask's), or None for any: installing
+        it on a model refuses layers that are not attention layers (a hybrid's others)."""
+        return None
 
     def before(self, call: AttentionCall) -> None:
         """See the call; may replace ``call.query``/``call.key``/``call.value`` to intervene."""

@@ -352,6 +352,10 @@ class HookedModel:
         """Install attention hooks on every attention layer (or ``layers``, which must be
         attention layers) for the duration of the block."""
         picked = self.attention_layers if layers is None else self.check_attention_layers(layers)
+        for hook in hooks:  # a head mask on a layer that is not attention would do nothing
+            acts_on = hook.layers()
+            if acts_on:
+                self.check_attention_layers(acts_on)
         chosen = [self.modules[i] for i in picked]
         for m in chosen:
             m.headhunt_hooks.extend(hooks)

@@ -235,7 +235,7 @@ def _check_sizes(model, c: MQARConfig, cells: CellBuilder) -> None:
     every cell's examples inside the model's context."""
     most = max(*c.pairs, c.heads_cell[0])
     require(most <= cells.n_keys, f"{most} pairs exceed the {cells.n_keys} distinct keys available")
-    n_heads_total = model.n_layers * model.n_heads
+    n_heads_total = len(model.attention_layers) * model.n_heads
     require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
     kv = cells.trained is None and c.layout == "kv"
     for n in {*c.pairs, c.heads_cell[0]}:

@@ -47,6 +47,8 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         from headhunt.plots import head_heatmap
 
         config.validate(model)
+        if model.is_hybrid:  # say which layers carry heads (the others score NaN)
+            ctx.say(R.scored_layers_line(model))
         trials = R.build_trials(model, config)
         # Whole decoding batches are dealt over the ranks; each keeps its trials in its shard.
         done = ctx.done(TRIALS, key=lambda r: r["id"])

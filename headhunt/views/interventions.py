@@ -122,5 +122,10 @@ def random_heads_like(model, heads: Sequence[Head], seed: int = 0) -> list[Head]
     from headhunt.heads.causal import random_head_sets
 
     return random_head_sets(
-        model.n_layers, model.n_heads, len(heads), 1, exclude=heads, seed=random.Random(seed)
+        getattr(model, "attention_layers", model.n_layers),  # a hybrid: its attention layers
+        model.n_heads,
+        len(heads),
+        1,
+        exclude=heads,
+        seed=random.Random(seed),
     )[0]

@@ -231,3 +231,42 @@ def test_embedded_model_scores_equal_with_stopped_rows_skipped(smol, monkeypatch
         records[skip] = run_trials(smol, trials, config, progress=False)
     assert len(seen["lengths"]) > 1  # some rows stopped while others decoded on
     assert records[True] == records[False]
+
+
+def test_planted_copy_head_of_a_hybrid_is_found_in_its_attention_layer():
+    """LFM2 with short-convolution layers 0 and 2 and attention layers 1 and 3 (one KV head per
+    query head, as the planted hook needs): the head
+    planted in layer 3 ranks first, the convolution layers score NaN (no heads), and the
+    layers keep the model's own indices."""
+    from headhunt.heads.retrieval import scored_layers_line
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm
+
+    tok = word_tokenizer(MAGIC)
+    kinds = ["conv", "full_attention", "conv", "full_attention"]
+    hf = tiny_causal_lm(
+        "lfm2", vocab_size=len(tok), num_hidden_layers=4, layer_types=kinds, num_key_value_heads=4,
+        max_position_embeddings=1024,
+    )  # fmt: skip
+    model = HookedModel(model=hf, tokenizer=tok, name="tiny-lfm2-hybrid")
+    assert model.attention_layers == [1, 3]
+    planted = (3, 1)
+    config = RetrievalConfig(lengths=[160], depths=[20, 60], needles=["magic"], max_new_tokens=10)
+    trials = build_trials(model, config)
+    prompts = [t.input_ids for t in trials]
+    spans = [t.span for t in trials]
+    hook = PlantedCopy(*planted, spans, len(prompts[0]))
+    handle = force_copy_output(model, prompts, spans, model.tokenizer.eos_token_id)
+    try:
+        with model.hooks(hook, layers=[planted[0]]):
+            records = run_trials(model, trials, config, progress=False)
+    finally:
+        handle.remove()
+    assert all(r["counted"] for r in records)
+    scores = aggregate(records, model)
+    top = scores.top("retrieval_score", 1)
+    assert (int(top["layer"][0]), int(top["head"][0])) == planted
+    mat = scores.matrix("retrieval_score")
+    assert np.isnan(mat[[0, 2]]).all() and not np.isnan(mat[[1, 3]]).any()
+    assert np.nanmax(np.delete(mat[3], planted[1])) < 0.1 and mat[1].max() < 0.1
+    assert "attention layers [1, 3] of 4" in scored_layers_line(model)
