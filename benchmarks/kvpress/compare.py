@@ -1,0 +1,347 @@
+"""kvpress's presses against headhunt's head data, through kvpress 0.5.5's own pipeline.
+
+Runs in kvpress's environment (``make kvpress-env``; on a GPU machine the same wheels). Same
+model, same examples (``make_examples.py``: context and question token ids, fed to kvpress's
+``KVPressTextGenerationPipeline`` stages directly: its dataset loaders need the network), every
+press at every ratio. Per example: the prefill of the context under the press (as the
+pipeline's ``_forward`` runs it), the KV entries held and kept after it
+(``headhunt.kvpress_press.kv_entries``: kvpress masks evicted entries of head-wise presses),
+then the pipeline's own greedy ``generate_answer``. Timings are per example (CUDA synchronised).
+
+Presses: none; StreamingLLM; SnapKV; ExpectedAttention; KVzip; AdaKV(ExpectedAttention);
+CriticalKV(ExpectedAttention); DuoAttention on the fly (kvpress's scorer fed the bundled essays
+instead of BookSum); and from headhunt's retrieval scores: the DuoAttention pattern
+(``export --format kvpress``), the LU-KV curve (``lukv``), AdaKV head weights (``adakv``) and
+``HeadBudgetPress``. DuoAttention's head ratio is set so the measured share of entries removed
+equals the target (kvpress#228); the others take the ratio as is. Responses are scored in
+headhunt's environment (``summarize.py``).
+
+    python compare.py --model DIR --examples examples.jsonl --scores retrieval_heads.json \
+        --out results.jsonl
+    python compare.py --random-8b --lengths 32768 --out mem.jsonl   # memory and time only
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from kvpress import (
+    AdaKVPress,
+    CriticalKVPress,
+    DuoAttentionPress,
+    ExpectedAttentionPress,
+    KVPressTextGenerationPipeline,
+    KVzipPress,
+    LUKVPress,
+    SnapKVPress,
+    StreamingLLMPress,
+)
+from kvpress.presses import duo_attention_press
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from headhunt.export import ModelShape, export
+from headhunt.kvbudget import fold_kv
+from headhunt.kvpress_press import HeadBudgetPress, HeadWeightedPress, kv_entries
+
+RATIOS = (0.25, 0.5, 0.75, 0.875)
+DUO_SINK, DUO_RECENT = 128, 256  # kvpress's on-the-fly DuoAttention window, for both patterns
+HEAD_PRESSES = ("duo_fly", "hh_duo", "hh_lukv", "hh_adakv", "hh_budget")
+PRESSES = (
+    "streaming",
+    "snapkv",
+    "expected",
+    "kvzip",
+    "adakv",
+    "criticalkv",
+    *HEAD_PRESSES,
+)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def local_booksum(texts: list[str]):
+    """kvpress's DuoAttention on-the-fly scorer samples 50 BookSum chapters through
+    ``datasets.load_dataset``; this hands it local texts in the same shape instead."""
+
+    class Local:
+        def to_pandas(self):
+            return pd.DataFrame({"chapter": texts})
+
+    return lambda *a, **k: Local()
+
+
+def essay_chunks(n: int = 60, chars: int = 3000) -> list[str]:
+    from importlib import resources
+
+    folder = resources.files("headhunt.heads") / "data" / "haystack"
+    text = "\n\n".join(
+        f.read_text()
+        for f in sorted(folder.iterdir(), key=lambda f: f.name)
+        if f.name.endswith(".txt")
+    )
+    step = max(1, (len(text) - chars) // n)
+    return [text[i * step : i * step + chars] for i in range(n)]
+
+
+def head_data(model, scores_json: Path, out: Path) -> dict:
+    """Export headhunt's retrieval scores in the three formats and read them back as kvpress
+    reads them; returns the loaded data and the export time."""
+    per = json.loads(scores_json.read_text())
+    keys = [tuple(map(int, k.split("-"))) for k in per]
+    c = model.config
+    matrix = np.zeros((c.num_hidden_layers, c.num_attention_heads))
+    for (layer, head), v in zip(keys, per.values(), strict=True):
+        matrix[layer, head] = float(np.mean(v)) if v else 0.0
+    shape = ModelShape(
+        c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    )
+    t0 = time.perf_counter()
+    export("kvpress", out / "duo", matrix, shape, sink=DUO_SINK, recent=DUO_RECENT)
+    export("lukv", out / "lukv", matrix, shape)
+    export("adakv", out / "adakv", matrix, shape)
+    seconds = time.perf_counter() - t0
+    duo = np.clip(np.loadtxt(out / "duo" / "full_attention_heads.tsv", delimiter="\t"), 0, 1)
+    return {
+        "duo": duo,
+        "lukv": np.load(out / "lukv" / "budget_curve.npy"),
+        "adakv": np.load(out / "adakv" / "head_weights.npy"),
+        "kv": fold_kv(matrix, c.num_key_value_heads),
+        "export_s": seconds,
+        "trials": len(next(iter(per.values()))),
+    }
+
+
+def duo_head_ratio(target: float, length: int) -> float:
+    """The head ratio at which DuoAttention removes ``target`` of the entries at ``length``."""
+    return min(1.0, target / (1 - (DUO_SINK + DUO_RECENT) / length))
+
+
+def make_press(name: str, ratio: float, length: int, data: dict | None):
+    if name == "streaming":
+        return StreamingLLMPress(compression_ratio=ratio)
+    if name == "snapkv":
+        return SnapKVPress(compression_ratio=ratio)
+    if name == "expected":
+        return ExpectedAttentionPress(compression_ratio=ratio)
+    if name == "kvzip":
+        return KVzipPress(compression_ratio=ratio)
+    if name == "adakv":
+        return AdaKVPress(ExpectedAttentionPress(compression_ratio=ratio))
+    if name == "criticalkv":
+        return CriticalKVPress(ExpectedAttentionPress(compression_ratio=ratio, use_vnorm=False))
+    if name == "duo_fly":
+        return DuoAttentionPress(
+            head_compression_ratio=duo_head_ratio(ratio, length), on_the_fly_scoring=True
+        )
+    if name == "hh_duo":
+        press = DuoAttentionPress(head_compression_ratio=duo_head_ratio(ratio, length))
+        pattern = (DUO_SINK, DUO_RECENT, data["duo"])
+        press.load_attention_pattern = lambda model: pattern  # the export's README loader
+        return press
+    if name == "hh_lukv":
+        press = LUKVPress(ExpectedAttentionPress(epsilon=2e-2), compression_ratio=ratio)
+        press._budget_curves = data["lukv"]
+        return press
+    if name == "hh_adakv":
+        inner = HeadWeightedPress(press=ExpectedAttentionPress(), weights=data["adakv"])
+        inner.compression_ratio = ratio
+        return AdaKVPress(inner)
+    if name == "hh_budget":
+        return HeadBudgetPress(head_scores=data["kv"], compression_ratio=ratio)
+    raise ValueError(name)
+
+
+def run_one(pipe, model, press, ex: dict, max_new_tokens: int) -> dict:
+    """One example as the pipeline's ``_forward`` runs it, timed in two stages."""
+    device = model.device
+    ctx = torch.tensor([ex["context_ids"]], device=device)
+    question = torch.tensor([ex["question_ids"]], device=device)
+    cache = DynamicCache()
+    sync()
+    t0 = time.perf_counter()
+    # no_grad around the press too, as the pipeline runs: KVzip scores after its yield
+    with torch.no_grad(), press(model) if press is not None else contextlib.nullcontext():
+        model.model(input_ids=ctx, past_key_values=cache)
+    sync()
+    t1 = time.perf_counter()
+    held, kept = kv_entries(model, cache)
+    with torch.no_grad():
+        answer = pipe.generate_answer(
+            question_ids=question,
+            cache=cache,
+            context_length=ctx.shape[1],
+            max_new_tokens=max_new_tokens,
+        )
+    sync()
+    t2 = time.perf_counter()
+    reported = None
+    if press is not None:
+        try:
+            reported = float(press.compression_ratio)
+        except (AssertionError, AttributeError):
+            reported = None
+    return {
+        "response": answer,
+        "held": held,
+        "kept": kept,
+        "reported_ratio": reported,
+        "prefill_s": t1 - t0,
+        "decode_s": t2 - t1,
+    }
+
+
+def compare(a) -> None:
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device).eval()
+    tok = AutoTokenizer.from_pretrained(a.model)
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tok, device=model.device)
+    examples = [json.loads(x) for x in Path(a.examples).read_text().splitlines()][: a.limit or None]
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = head_data(model, Path(a.scores), out.parent / "head_data")
+    duo_attention_press.load_dataset = local_booksum(essay_chunks())
+    t0 = time.perf_counter()
+    try:
+        duo_attention_press.duo_attention_on_the_fly(model)  # cached: kvpress reuses it
+    except Exception as e:  # its conditions then record the error
+        print(f"DuoAttention on the fly failed: {type(e).__name__}: {e}", flush=True)
+    fly_s = time.perf_counter() - t0
+    meta = {
+        "model": a.model,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "dtype": str(dtype),
+        "examples": len(examples),
+        "head_data_s": {"duo_fly": fly_s, "headhunt_export": data["export_s"]},
+        "headhunt_trials": data["trials"],
+    }
+    (out.parent / (out.stem + "_meta.json")).write_text(json.dumps(meta, indent=2))
+    presses = a.presses.split(",") if a.presses else PRESSES
+    # the ratios the issue's bar is set at first: a call cut short still has them
+    order = sorted(a.ratios, key=lambda r: (r not in (0.5, 0.75), r))
+    conds = [("none", 0.0)] + [(p, r) for r in order for p in presses]
+    with open(out, "w") as f:
+        for name, ratio in conds:
+            t0 = time.perf_counter()
+            for ex in examples:
+                press = None if name == "none" else make_press(name, ratio, ex["length"], data)
+                try:
+                    rec = run_one(pipe, model, press, ex, a.max_new_tokens)
+                except Exception as e:  # a press that cannot run this model: said, not hidden
+                    rec = {"error": f"{type(e).__name__}: {e}"[:300]}
+                f.write(json.dumps({"press": name, "ratio": ratio, "id": ex["id"], **rec}) + "\n")
+                if "error" in rec:
+                    break
+            f.flush()
+            print(f"{name} {ratio}: {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def random_8b(a) -> None:
+    """Memory and time of the presses on a random Llama-3-8B-shaped model (no accuracy)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    kv = np.random.default_rng(0).random((32, 8))
+    data = {
+        "duo": kv,
+        "kv": kv,
+        "adakv": kv / kv.mean(1, keepdims=True) + 0.1,
+        "lukv": None,
+    }
+    from headhunt.kvbudget import lukv_curve
+
+    data["lukv"] = lukv_curve(kv)
+    rows = []
+    for length in a.lengths:
+        ids = torch.randint(0, 128000, (1, length), device="cuda")
+        for name, ratio in [("none", 0.0)] + [
+            (p, 0.5)
+            for p in ("streaming", "snapkv", "expected", "adakv", "hh_duo", "hh_lukv", "hh_budget")
+        ]:
+            for rep in range(2):  # the first is warm-up
+                press = None if name == "none" else make_press(name, ratio, length, data)
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                cache = DynamicCache()
+                sync()
+                t0 = time.perf_counter()
+                with torch.no_grad(), press(model) if press else torch.no_grad():
+                    model.model(input_ids=ids, past_key_values=cache)
+                sync()
+                t1 = time.perf_counter()
+                held, kept = kv_entries(model, cache)
+                cache_bytes = sum(x.keys.nbytes + x.values.nbytes for x in cache.layers)
+                tok = ids[:, -1:]
+                with torch.no_grad():
+                    for i in range(16):
+                        pos = torch.tensor([[length + i]], device="cuda")
+                        logits = model(
+                            input_ids=tok, past_key_values=cache, position_ids=pos
+                        ).logits
+                        tok = logits[:, -1:].argmax(-1)
+                sync()
+                t2 = time.perf_counter()
+                row = {
+                    "length": length,
+                    "press": name,
+                    "ratio": ratio,
+                    "rep": rep,
+                    "held_entries": held,
+                    "kept_entries": kept,
+                    "cache_bytes_held": cache_bytes,
+                    "kept_share": kept / held,
+                    "peak_gib_above_start": (torch.cuda.max_memory_allocated() - base) / 2**30,
+                    "prefill_s": t1 - t0,
+                    "decode_16_s": t2 - t1,
+                }
+                del cache
+                torch.cuda.empty_cache()
+                if rep:
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "shape": "Llama-3-8B, random bf16"}
+    Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model")
+    p.add_argument("--examples")
+    p.add_argument("--scores", help="a retrieval run's retrieval_heads.json")
+    p.add_argument("--presses", default="")
+    p.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",")], default=RATIOS)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=20)
+    p.add_argument("--random-8b", action="store_true")
+    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[32768])
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    random_8b(a) if a.random_8b else compare(a)
+
+
+if __name__ == "__main__":
+    main()
