@@ -16,7 +16,7 @@ from headhunt.errors import HeadhuntError
 from headhunt.heads.masking import HeadMask, MaskMode
 from headhunt.heads.needles import Trial, rouge1_recall
 from headhunt.heads.scores import Head, check_heads
-from headhunt.probes.capture import greedy_decode
+from headhunt.probes.capture import greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
 
 T = TypeVar("T")
@@ -150,11 +150,8 @@ def needle_recall(
         dec = greedy_decode(
             model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, hooks=hooks
         )
-        for j, t in enumerate(batch):
-            ids = [x for x in dec.tokens[j, : int(dec.lengths[j])].tolist() if x not in stop_ids]
-            out.append(
-                rouge1_recall(t.answer, model.tokenizer.decode(ids, skip_special_tokens=True))
-            )
+        texts = responses(model.tokenizer, dec.tokens, dec.lengths.tolist(), stop_ids)
+        out += [rouge1_recall(t.answer, text) for t, text in zip(batch, texts, strict=True)]
     return out
 
 

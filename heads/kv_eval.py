@@ -37,6 +37,7 @@ from headhunt.heads.retrieval import (
     stop_token_ids,
 )
 from headhunt.heads.ruler import MAX_NEW_TOKENS, TaskTrial, build_ruler, from_needles
+from headhunt.probes.capture import responses
 from headhunt.probes.hooked import HookedModel
 
 FULL, STREAMING = "full cache", "all streaming"
@@ -124,12 +125,11 @@ def run_condition(
             tokens, lengths, nbytes = generate_with_plan(
                 model, prompts, plan, max_new_tokens=budget, stop_ids=stop
             )
-            for j, t in enumerate(batch):
-                # A row's greedy tokens do not depend on the others: cutting them at the task's
-                # own budget gives what decoding with that budget gives.
-                n = min(int(lengths[j]), MAX_NEW_TOKENS[t.task])
-                ids = [x for x in tokens[j, :n].tolist() if x not in stop]
-                response = model.tokenizer.decode(ids, skip_special_tokens=True)
+            # A row's greedy tokens do not depend on the others: cutting them at the task's
+            # own budget gives what decoding with that budget gives.
+            cut = [min(int(n), MAX_NEW_TOKENS[t.task]) for n, t in zip(lengths, batch, strict=True)]
+            texts = responses(model.tokenizer, tokens, cut, stop)
+            for t, response in zip(batch, texts, strict=True):
                 records.append(
                     {
                         "trial": t.id,

@@ -374,30 +374,17 @@ def generate_with_plan(
     """
     if getattr(model.model.config, "headhunt_pruning", None) and plan is not None:
         raise HeadhuntError("KV-cache head pruning runs on unpruned models (heads per layer vary)")
-    dev = model.device
-    prompts = prompts.to(dev)
+    from headhunt.probes.capture import greedy_decode
+
     hooks: tuple[AttentionHook, ...] = ()
     cache = None
     if plan is not None:
         hook = StreamingHeads(plan, model.n_heads, model.n_kv_heads)
         cache, hooks = hook.new_cache(), (hook,)
-    stop = torch.tensor(sorted(stop_ids), device=dev, dtype=torch.long)
-    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
-    lengths = torch.zeros(len(prompts), dtype=torch.long, device=dev)
-    tokens = []
-    with model.hooks(*hooks):
-        # Positional arguments: the cache's keyword name changed within transformers 5.
-        out = model.model(prompts, None, None, cache, use_cache=True, logits_to_keep=1)
-        cache = out["cache"] if "cache" in out else out["past_key_values"]
-        for _ in range(max_new_tokens):
-            nxt = out.logits[:, -1].argmax(-1)
-            tokens.append(nxt)
-            lengths += (~done).long()
-            done |= torch.isin(nxt, stop)
-            if bool(done.all()) or len(tokens) == max_new_tokens:
-                break
-            out = model.model(nxt[:, None], None, None, cache, use_cache=True, logits_to_keep=1)
-    return torch.stack(tokens, 1), lengths, cache_nbytes(cache)
+    dec = greedy_decode(
+        model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, hooks=hooks, cache=cache
+    )
+    return dec.tokens, dec.lengths, cache_nbytes(dec.cache)
 
 
 def cache_nbytes(cache) -> int:

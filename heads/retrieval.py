@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from headhunt.heads.configs import MAX_TRIALS, RetrievalConfig  # noqa: F401  (its config)
 from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
 from headhunt.heads.scores import HeadScores
-from headhunt.probes.capture import Decoded, greedy_decode
+from headhunt.probes.capture import Decoded, greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
 
 METRIC = "retrieval_score"
@@ -160,11 +160,9 @@ def _score_batch(model, batch, config, stop, on_record) -> list[dict[str, Any]]:
     )
     score, on_needle = trial_hits(decoded, prompts, spans)
     score, on_needle = score.cpu().numpy(), on_needle.cpu().numpy()
-    lengths = decoded.lengths.tolist()
+    texts = responses(model.tokenizer, decoded.tokens, decoded.lengths.tolist(), stop)
     out = []
-    for j, t in enumerate(batch):
-        ids = [x for x in decoded.tokens[j, : lengths[j]].tolist() if x not in stop]
-        response = model.tokenizer.decode(ids, skip_special_tokens=True)
+    for j, (t, response) in enumerate(zip(batch, texts, strict=True)):
         recall = rouge1_recall(t.answer, response)
         rec = {
             "id": t.id,

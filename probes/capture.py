@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -307,11 +308,13 @@ class Decoded:
         argmax: [steps, layers, batch, heads] argmax key position of each decode step's query
             (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None;
             -1 at a row's steps past ``lengths`` when decoded with ``skip_stopped_rows``.
+        cache: the KV cache after the last step (its size is what a decoding holds).
     """
 
     tokens: Int[Tensor, "b steps"]
     lengths: Int[Tensor, " b"]
     argmax: Int[Tensor, "steps layers b heads"] | None
+    cache: Any = None
 
 
 @torch.inference_mode()
@@ -325,6 +328,7 @@ def greedy_decode(
     skip_stopped_rows: bool = False,
     hooks: tuple[AttentionHook, ...] = (),
     attention_mask: Int[Tensor, "b n"] | None = None,
+    cache: Any = None,
 ) -> Decoded:
     """Greedy decoding of equal-length prompts with a KV cache.
 
@@ -337,6 +341,8 @@ def greedy_decode(
     index the padded rows. ``skip_stopped_rows`` captures no argmax for a row once it has
     produced a stop token (-1 at its later steps, whose tokens are junk): the argmax kernel
     then reads no keys for rows that are done, while the batch decodes on for the others.
+    ``cache``: the KV cache to fill (None: transformers' own), e.g. the streaming-heads cache
+    of KV-cache head pruning (with its hook in ``hooks``).
     """
     dev = model.device
     prompts = prompts.to(dev)
@@ -350,7 +356,7 @@ def greedy_decode(
     with model.hooks(*hooks):
         n = prompts.shape[1]
         m, pos = _mask_and_positions(mask, n - 1)
-        out = _step(model, prompts[:, :-1], m, pos, None)
+        out = _step(model, prompts[:, :-1], m, pos, cache)
         past, cur = _cache(out), prompts[:, -1:]
         extra = (cap,) if cap is not None else ()
         with model.hooks(*extra):
@@ -383,7 +389,20 @@ def greedy_decode(
         tokens=torch.stack(tokens, 1),
         lengths=lengths,
         argmax=torch.stack(argmax) if argmax else None,
+        cache=past,
     )
+
+
+def responses(
+    tokenizer, tokens: Int[Tensor, "b steps"], lengths: Sequence[int], stop_ids: Collection[int]
+) -> list[str]:
+    """Each row's greedy response as text: its first ``lengths[j]`` tokens less the stop
+    tokens, special tokens skipped (what a task then scores)."""
+    out = []
+    for j, n in enumerate(lengths):
+        ids = [x for x in tokens[j, : int(n)].tolist() if x not in stop_ids]
+        out.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return out
 
 
 def _mask_and_positions(mask: Tensor | None, length: int) -> tuple[Tensor | None, Tensor | None]:
