@@ -8,12 +8,34 @@ scores), :mod:`~headhunt.sae.patching` (ground truth, EAP), :mod:`~headhunt.sae.
 run is the ``circuits`` method), :mod:`~headhunt.sae.planted` (a model with a known circuit).
 """
 
-from headhunt.sae.activations import head_outputs
-from headhunt.sae.circuits import CircuitConfig, run_trials
-from headhunt.sae.discrete import DiscreteSAE, SAEConfig, train_sae
-from headhunt.sae.patching import activation_patching, attribution_patching
-from headhunt.sae.scoring import circuit, edge_head_scores, edge_scores, node_scores
-from headhunt.sae.tasks import make_pairs, read_task_file
+from importlib import import_module
+from typing import Any
+
+# Lazy attributes: importing a torch-free module of the package (``headhunt.sae.configs``, the
+# circuits method's config, read by the CLI's --help and the dashboard) loads no torch.
+_EXPORTS = {
+    "head_outputs": "headhunt.sae.activations",
+    "CircuitConfig": "headhunt.sae.configs",
+    "run_trials": "headhunt.sae.circuits",
+    "DiscreteSAE": "headhunt.sae.discrete",
+    "SAEConfig": "headhunt.sae.discrete",
+    "train_sae": "headhunt.sae.discrete",
+    "activation_patching": "headhunt.sae.patching",
+    "attribution_patching": "headhunt.sae.patching",
+    "circuit": "headhunt.sae.scoring",
+    "edge_head_scores": "headhunt.sae.scoring",
+    "edge_scores": "headhunt.sae.scoring",
+    "node_scores": "headhunt.sae.scoring",
+    "make_pairs": "headhunt.sae.tasks",
+    "read_task_file": "headhunt.sae.tasks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'headhunt.sae' has no attribute {name!r}")
+
 
 __all__ = [
     "CircuitConfig",
