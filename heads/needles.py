@@ -184,11 +184,22 @@ def default_haystack_text() -> str:
     return "\n\n".join(f.read_text() for f in files)
 
 
+# The largest haystack file read: the whole file is tokenized, so a 60 MB file took ~10 GB of
+# memory for one trial; 8 MiB is well past what the longest prompt (2**20 tokens) draws from.
+MAX_HAYSTACK_BYTES = 8 * 2**20
+
+
 def read_haystack(path: str | Path | None) -> str:
     if path is None:
         return default_haystack_text()
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_HAYSTACK_BYTES:
+            raise HeadhuntError(
+                f"haystack {path} is {size / 2**20:.1f} MiB; at most "
+                f"{MAX_HAYSTACK_BYTES // 2**20} MiB is read (the whole file is tokenized): cut it"
+            )
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise HeadhuntError(f"cannot read haystack {path}: {e}") from None

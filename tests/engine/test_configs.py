@@ -142,6 +142,16 @@ def test_bad_config_values_are_refused_in_one_line(argv, message, tmp_path, caps
     assert not (tmp_path / "r").exists() and not (tmp_path / "r.partial").exists()
 
 
+def test_a_huge_haystack_is_refused_before_it_is_read(tmp_path, capsys):
+    big = tmp_path / "hay.txt"
+    with open(big, "wb") as f:  # sparse: 9 MiB on paper, nothing on disk
+        f.truncate(9 * 2**20)
+    argv = ["retrieval", "--haystack", str(big), "--model", str(tmp_path / "no-model")]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "is 9.0 MiB; at most 8 MiB" in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_library_refuses_a_repeated_entry_too():
     with pytest.raises(hh.HeadhuntError, match="--needles lists 'city' twice"):
         hh.RetrievalConfig(needles=["city", "passkey", "city"])
