@@ -104,6 +104,19 @@ def visible_query_count(
     return (nq - (j - q_offset).clamp(0, nq)).to(torch.float32)
 
 
+def _alibi_bias(
+    variant: AttentionVariant, hkv: int, group: int, rows: Tensor, cols: Tensor
+) -> Float[Tensor, "1 hkv group rows cols"] | None:
+    """ALiBi's linear bias ``slope_h * (j - p_i)`` (Press et al. 2022) for query rows
+    ``rows`` (indices) and key columns ``cols``, natural units, float32; None without
+    slopes. ``p_i = q_offset + i`` is the query's position counted from key 0."""
+    slopes = variant.alibi_slopes
+    if slopes is None:
+        return None
+    dist = cols.view(1, -1).float() - (rows.view(-1, 1) + variant.q_offset).float()
+    return slopes.to(cols.device, torch.float32).view(1, hkv, group, 1, 1) * dist
+
+
 def attention_stats_torch(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
@@ -197,6 +210,11 @@ def attention_stats_torch(
         c1 = c0 + -(-(int(hi_blk.max()) + 1 - c0) // _CHUNK) * _CHUNK
         qb = qs[:, :, :, i0:i1].reshape(b, hkv, group * nb, d)
         s = torch.matmul(qb, kt[..., c0:c1]).view(b, hkv, group, nb, c1 - c0)
+        bias = _alibi_bias(
+            variant, hkv, group, torch.arange(i0, i1, device=dev), torch.arange(c0, c1, device=dev)
+        )
+        if bias is not None:  # scores are in log2 units here unless a softcap follows
+            s.add_(bias if softcap is not None else bias * _LOG2E)
         if softcap is not None:
             # Gemma 2 eager: scores -> softcap * tanh(scores / softcap), then the mask.
             s.div_(softcap).tanh_().mul_(softcap * _LOG2E)
@@ -299,6 +317,9 @@ def attention_probs_at_torch(
     q_rows = q[bi, hi, qi].to(torch.float32)
     k_rows = k[bi, hi // group, ki.clamp(0, max(nk - 1, 0))].to(torch.float32)
     s = (q_rows * k_rows).sum(-1) * scale
+    if variant.alibi_slopes is not None:
+        slope = variant.alibi_slopes.to(dev, torch.float32).view(1, hq, 1)
+        s = s + slope * (ki - (qi + variant.q_offset)).float()
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     lse_rows = torch.gather(lse.to(torch.float32), 2, qi)
@@ -341,6 +362,9 @@ def attention_forward_torch(
     for i0 in range(0, nq, nb):
         i1 = min(i0 + nb, nq)
         s = torch.matmul(qg[:, :, :, i0:i1], kf.unsqueeze(2).transpose(-1, -2)) * scale
+        bias = _alibi_bias(variant, hkv, group, torch.arange(i0, i1, device=dev), cols)
+        if bias is not None:
+            s = s + bias
         if softcap is not None:
             s = softcap * torch.tanh(s / softcap)
         seen = (cols >= lo[:, i0:i1, None]) & (cols <= hi[:, i0:i1, None])  # [b, rows, nk]

@@ -69,8 +69,9 @@ class AttentionVariant:
     # Fields the torch reference implements; a variant that sets any other is refused there
     # (never computed without it).
     TORCH_FIELDS = frozenset(
-        {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi"}
-    )
+        {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi",
+         "alibi_slopes"}
+    )  # fmt: skip
 
     @classmethod
     def of(cls, variant: AttentionVariant | None = None, **options) -> AttentionVariant:
