@@ -21,7 +21,7 @@ import torch
 
 from headhunt.probes import load_model
 from headhunt.sae import activations, patching, tasks
-from headhunt.sae.circuits import CircuitConfig, run_trials
+from headhunt.sae.circuits import CircuitConfig, run_sae_trials
 
 
 def timed(fn, device: str) -> tuple[object, float]:
@@ -58,7 +58,7 @@ def main() -> None:
         patching.attribution_patching(model, pairs)
     acts, capture_s = timed(lambda: activations.head_outputs(model, seqs, progress=False), device)
     cfg = CircuitConfig(trials=a.trials)
-    trials = run_trials(acts, cfg, progress=False)
+    trials = run_sae_trials(acts, cfg, progress=False)
     trial_s = [t.seconds["sae_train"] + t.seconds["sae_score"] for t in trials]
     patch_s = [
         timed(lambda: patching.activation_patching(model, pairs, progress=False), device)[1]

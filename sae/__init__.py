@@ -16,7 +16,7 @@ from typing import Any
 _EXPORTS = {
     "head_outputs": "headhunt.sae.activations",
     "CircuitConfig": "headhunt.sae.configs",
-    "run_trials": "headhunt.sae.circuits",
+    "run_sae_trials": "headhunt.sae.circuits",
     "DiscreteSAE": "headhunt.sae.discrete",
     "SAEConfig": "headhunt.sae.discrete",
     "train_sae": "headhunt.sae.discrete",
@@ -50,6 +50,6 @@ __all__ = [
     "make_pairs",
     "node_scores",
     "read_task_file",
-    "run_trials",
+    "run_sae_trials",
     "train_sae",
 ]

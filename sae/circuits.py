@@ -1,7 +1,7 @@
 """The whole method and its check: SAE codes -> node / edge scores, against activation patching
 and attribution patching on the same prompt pairs.
 
-One call of :func:`run_trials` does, for ``N`` prompt pairs:
+One call of :func:`run_sae_trials` does, for ``N`` prompt pairs:
 
 1. capture every head's output on the 2N prompts (one forward pass per batch);
 2. optionally, the ground truth (per-head activation patching on all N pairs) and EAP (one
@@ -46,7 +46,7 @@ def normalize_heads(
 
 
 @dataclass
-class Trial:
+class SAETrial:
     """One trial's scores ([layers * heads], flattened layer-major) and AUCs.
 
     Attributes:
@@ -83,7 +83,7 @@ class Trial:
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
 
     @classmethod
-    def from_record(cls, r: dict[str, Any]) -> Trial:
+    def from_record(cls, r: dict[str, Any]) -> SAETrial:
         arr = {k: np.asarray(r[k], float) for k in ("node", "node_norm", "edge")}
         # Records written before these rules existed have no values for them.
         arr |= {k: np.asarray(r.get(k, np.full(len(arr["node"]), np.nan)), float) for k in RULES}
@@ -108,7 +108,7 @@ def run_trial(
     eap_pairs: Float[np.ndarray, "pairs heads"] | None = None,
     truth: np.ndarray | None = None,
     edges: bool = True,
-) -> Trial:
+) -> SAETrial:
     """One trial (see the module docstring). ``acts`` holds N positives then N negatives; the
     SAE trains on their device. ``edges=False`` skips the edge scores (the costliest part)."""
     n = acts.shape[0] // 2
@@ -153,7 +153,7 @@ def run_trial(
             auc["sae_edge"] = roc.roc_auc(edge, truth)
         if eap is not None:
             auc["eap"] = roc.roc_auc(eap, truth)
-    return Trial(
+    return SAETrial(
         index=t,
         pairs=subset.tolist(),
         train_examples=prompts[train_at].tolist(),
@@ -172,16 +172,16 @@ def run_trial(
     )
 
 
-def run_trials(
+def run_sae_trials(
     acts: Float[torch.Tensor, "examples heads d_model"],
     config: CircuitConfig,
     *,
     eap_pairs: Float[np.ndarray, "pairs heads"] | None = None,
     truth: np.ndarray | None = None,
-    done: list[Trial] | None = None,
-    on_trial: Callable[[Trial], None] | None = None,
+    done: list[SAETrial] | None = None,
+    on_trial: Callable[[SAETrial], None] | None = None,
     progress: bool = True,
-) -> list[Trial]:
+) -> list[SAETrial]:
     """All trials, skipping those in ``done`` (a resumed run); ``on_trial`` sees each new one."""
     from tqdm.auto import tqdm
 
@@ -197,7 +197,7 @@ def run_trials(
     return [trials[t] for t in range(config.trials)]
 
 
-def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
+def summarize(trials: list[SAETrial]) -> dict[str, dict[str, Any]]:
     """Per method: mean and sample std (ddof=1, over trials; 0 for one trial) of ROC AUC, and
     the per-trial values."""
     out: dict[str, dict[str, Any]] = {}

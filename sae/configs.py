@@ -12,7 +12,7 @@ from headhunt.config import MethodConfig, option
 from headhunt.errors import HeadhuntError
 
 HEAD_NORMS = ("none", "center", "standardize")
-# node_rule (also the Trial attribute holding that score) -> its AUC / scores.parquet key
+# node_rule (also the SAETrial attribute holding that score) -> its AUC / scores.parquet key
 NODE_RULES = {
     "changed": "sae_changed",
     "node": "sae_node",

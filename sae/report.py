@@ -11,7 +11,7 @@ import numpy as np
 from headhunt.errors import HeadhuntError
 from headhunt.probes.hooked import HookedModel
 from headhunt.sae import tasks
-from headhunt.sae.circuits import NODE_RULES, Trial
+from headhunt.sae.circuits import NODE_RULES, SAETrial
 
 METHOD_NAMES = {
     "sae_node": "SAE node |P\\N|",
@@ -23,7 +23,7 @@ METHOD_NAMES = {
 }
 
 
-# scores.parquet metric -> the Trial attribute holding it
+# scores.parquet metric -> the SAETrial attribute holding it
 SCORES = {key: rule for rule, key in NODE_RULES.items()} | {"sae_edge": "edge"}
 
 
@@ -81,7 +81,7 @@ def load_pairs(
     )
 
 
-def mean_scores(trials: list[Trial]) -> dict[str, np.ndarray]:
+def mean_scores(trials: list[SAETrial]) -> dict[str, np.ndarray]:
     """Every SAE head score (``sae_node``, ..., ``sae_edge``), averaged over the trials."""
     return {key: np.mean([getattr(t, attr) for t in trials], 0) for key, attr in SCORES.items()}
 

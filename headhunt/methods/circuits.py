@@ -294,7 +294,7 @@ def _run_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
     so a resume that skips trial 0 finds its SAE); rank 0 gets them all, the others None."""
     from tqdm.auto import tqdm
 
-    from headhunt.sae.circuits import Trial, run_trial
+    from headhunt.sae.circuits import SAETrial, run_trial
 
     plan = list(range(config.trials))
     done = ctx.done(TRIALS, key=lambda r: r["index"])
@@ -305,7 +305,7 @@ def _run_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
         ctx.append(TRIALS, trial.record())
     ctx.wait()
     records = ctx.collect(TRIALS, plan, key=lambda r: r["index"])
-    return None if records is None else [Trial.from_record(r) for r in records]
+    return None if records is None else [SAETrial.from_record(r) for r in records]
 
 
 def _tables(model, sae_scores, eap_pairs, patch, truth) -> list:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.sae.circuits import CircuitConfig, Trial, run_trials, summarize
+from headhunt.sae.circuits import CircuitConfig, SAETrial, run_sae_trials, summarize
 
 
 def _acts(n=12, heads=5, d=8, signal=(1, 3)):
@@ -27,13 +27,13 @@ def test_trials_are_seeded_and_roundtrip_as_records():
     truth[[1, 3]] = True
     cfg = CircuitConfig(trials=2, epochs=40, dict_size=16, subsample=0.5, seed=4)
     eap = np.random.default_rng(0).normal(size=(12, 5))
-    a = run_trials(acts, cfg, truth=truth, eap_pairs=eap, progress=False)
-    b = run_trials(acts, cfg, truth=truth, eap_pairs=eap, progress=False)
+    a = run_sae_trials(acts, cfg, truth=truth, eap_pairs=eap, progress=False)
+    b = run_sae_trials(acts, cfg, truth=truth, eap_pairs=eap, progress=False)
     assert [t.pairs for t in a] == [t.pairs for t in b]
     assert len(a[0].pairs) == 6 and a[0].pairs != a[1].pairs
     assert all(np.array_equal(x.node, y.node) for x, y in zip(a, b, strict=True))
     assert np.allclose(a[0].eap, np.abs(eap[a[0].pairs].mean(0)))
-    back = Trial.from_record(a[0].record())
+    back = SAETrial.from_record(a[0].record())
     assert np.array_equal(back.node, a[0].node) and back.auc == a[0].auc
     assert back.top_edges == a[0].top_edges
     s = summarize(a)
@@ -51,9 +51,9 @@ def test_trials_are_seeded_and_roundtrip_as_records():
 def test_resumed_trials_are_not_rerun():
     acts = _acts()
     cfg = CircuitConfig(trials=3, epochs=5, dict_size=8)
-    first = run_trials(acts, cfg, progress=False)
+    first = run_sae_trials(acts, cfg, progress=False)
     seen = []
-    again = run_trials(acts, cfg, done=first[:2], on_trial=seen.append, progress=False)
+    again = run_sae_trials(acts, cfg, done=first[:2], on_trial=seen.append, progress=False)
     assert [t.index for t in seen] == [2]
     assert [t.index for t in again] == [0, 1, 2]
     assert again[0] is first[0]
@@ -62,7 +62,7 @@ def test_resumed_trials_are_not_rerun():
 def test_signal_heads_score_above_noise_heads():
     acts = _acts()
     cfg = CircuitConfig(trials=1, epochs=200, dict_size=32, subsample=1.0)
-    (t,) = run_trials(acts, cfg, progress=False)
+    (t,) = run_sae_trials(acts, cfg, progress=False)
     assert t.node[[0, 2, 4]].max() == 0  # identical on positive and negative: never counted
     assert t.node[[1, 3]].min() >= 1
 
@@ -81,7 +81,7 @@ def test_config_validation():
     cfg = CircuitConfig(trials=2, l1=0.05)
     assert CircuitConfig.from_dict({**cfg.to_dict(), "unrelated": 1}) == cfg
     with pytest.raises(HeadhuntError, match="positives then"):
-        run_trials(torch.zeros(3, 2, 4), cfg, progress=False)
+        run_sae_trials(torch.zeros(3, 2, 4), cfg, progress=False)
 
 
 def test_normalize_heads():
@@ -98,7 +98,7 @@ def test_normalize_heads():
 def test_standardized_heads_still_find_the_signal():
     acts = _acts()
     cfg = CircuitConfig(trials=1, epochs=200, dict_size=32, subsample=1.0, head_norm="standardize")
-    (t,) = run_trials(acts, cfg, progress=False)
+    (t,) = run_sae_trials(acts, cfg, progress=False)
     assert t.node[[0, 2, 4]].max() == 0
     assert t.node[[1, 3]].min() >= 1
 

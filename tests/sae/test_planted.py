@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headhunt.sae import activations, patching, roc
-from headhunt.sae.circuits import NODE_RULES, CircuitConfig, run_trials
+from headhunt.sae.circuits import NODE_RULES, CircuitConfig, run_sae_trials
 from headhunt.sae.planted import planted_model
 
 
@@ -38,7 +38,7 @@ def test_node_and_edge_scores_rank_the_planted_heads_first(planted):
     assert {divmod(int(i), H) for i in np.flatnonzero(truth)} == set(planted.heads)
     eap = patching.attribution_patching(planted.model, pairs, per_pair=True).flatten(1).numpy()
     config = CircuitConfig(trials=3, epochs=300, seed=0)  # defaults, fewer epochs for CI
-    trials = run_trials(acts, config, eap_pairs=eap, truth=truth, progress=False)
+    trials = run_sae_trials(acts, config, eap_pairs=eap, truth=truth, progress=False)
     for name in ("sae_node", "sae_node_norm", "sae_edge", "eap"):
         aucs = [t.auc[name] for t in trials]
         assert np.mean(aucs) >= 0.95, (name, aucs)
@@ -66,6 +66,6 @@ def test_default_settings_find_a_circuit_that_acts_where_the_answer_is_read(plan
         acts = activations.head_outputs(
             planted.model, seqs, position=config.position, progress=False
         )
-        trials = run_trials(acts, config, truth=truth, progress=False)
+        trials = run_sae_trials(acts, config, truth=truth, progress=False)
         aucs = [t.auc[NODE_RULES[config.node_rule]] for t in trials]
         assert (min(aucs) >= 0.9) == expect_found, (settings, aucs)
