@@ -212,9 +212,11 @@ def compare(a) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     data = head_data(model, Path(a.scores), out.parent / "head_data")
     duo_attention_press.load_dataset = local_booksum(essay_chunks())
+    presses = a.presses.split(",") if a.presses else PRESSES
     t0 = time.perf_counter()
     try:
-        duo_attention_press.duo_attention_on_the_fly(model)  # cached: kvpress reuses it
+        if "duo_fly" in presses:
+            duo_attention_press.duo_attention_on_the_fly(model)  # cached: kvpress reuses it
     except Exception as e:  # its conditions then record the error
         print(f"DuoAttention on the fly failed: {type(e).__name__}: {e}", flush=True)
     fly_s = time.perf_counter() - t0
@@ -227,7 +229,6 @@ def compare(a) -> None:
         "headhunt_trials": data["trials"],
     }
     (out.parent / (out.stem + "_meta.json")).write_text(json.dumps(meta, indent=2))
-    presses = a.presses.split(",") if a.presses else PRESSES
     # the ratios the bar is set at first: a call cut short still has them
     order = sorted(a.ratios, key=lambda r: (r not in (0.5, 0.75), r))
     conds = [("none", 0.0)] + [(p, r) for r in order for p in presses]
