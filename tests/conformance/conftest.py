@@ -91,6 +91,8 @@ OVERRIDES: dict[str, dict] = {
     },
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], **_MAMBA},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    # attention and a Mamba mixer in parallel in every layer; the same small mixer
+    "falcon_h1": {**_MAMBA, "mamba_d_ssm": 128},
     "bamba": {"attn_layer_indices": [1], **_MAMBA},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "attention_window_size": 8},
     # four experts, not 256 / 512 (the tiny shape's expert count is not this field here); a
