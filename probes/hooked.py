@@ -175,6 +175,7 @@ class HookedModel:
                 _run_on_own_device(m)
         self.model.eval()
         self._check_calls()
+        self._check_causal()
 
     def _check_calls(self) -> None:
         """One three-token forward: every layer's attention must go through headhunt's
@@ -241,6 +242,25 @@ class HookedModel:
                 # head-wise sigmoid gate, a sub-norm): what a head writes is what the projection
                 # reads, so hooks see and change the output there (see attention.defer_after).
                 attention.defer_after(self.modules[i])
+
+    def _check_causal(self) -> None:
+        """Refuse, in one line, a model whose earlier positions see later tokens (an encoder
+        such as BERT loaded as a causal LM): change the last of three tokens and the first two
+        positions' logits must not move. Every score headhunt computes assumes causal attention."""
+        try:
+            a = self.forward(torch.tensor([[1, 2, 3]]), use_cache=False).logits[0].float()
+            b = self.forward(torch.tensor([[1, 2, 2]]), use_cache=False).logits[0].float()
+        except Exception:  # a model _check_calls ran is a model this runs; keep its refusals
+            return
+        moved = (a - b).abs().amax(-1)
+        # A causal model's first two rows do not move at all (the same kernels on the same
+        # inputs); an encoder's move by a share of what the changed row moves (a random-weight
+        # BERT: 0.3%, so the bar is 0.1%).
+        if float(moved[:2].max()) > 1e-3 * float(moved[2]):
+            raise HeadhuntError(
+                f"{type(self.model).__name__} is not causal (earlier positions see later tokens: "
+                "an encoder such as BERT?); headhunt measures decoder-only causal LMs"
+            )
 
     @property
     def attention_modules(self) -> list[torch.nn.Module]:

@@ -158,3 +158,25 @@ def test_retrieval_std_is_the_sample_std_the_dashboard_shows():
     std = table[table.metric == "retrieval_score_std"].sort_values("head")["value"].to_numpy()
     expected = [pd.Series([v[0][h] for v in values]).std() for h in range(2)]
     np.testing.assert_allclose(std, expected)
+
+
+def test_an_encoder_is_refused_in_one_line_at_load(tmp_path, capsys):
+    """A BERT folder loads as BertLMHeadModel (bidirectional): refused, not measured."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    from headhunt.probes.tiny import tiny_llama
+
+    folder = tmp_path / "bert"
+    tok = tiny_llama(n_layers=1, n_heads=2, n_kv_heads=1).tokenizer
+    config = BertConfig(
+        vocab_size=max(64, len(tok)), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    BertLMHeadModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    capsys.readouterr()
+    argv = ["sinks", "--model", str(folder), "--device", "cpu", "--out", str(tmp_path / "run")]
+    err = _one_line_error(capsys, argv)
+    assert "not causal" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
