@@ -22,6 +22,7 @@ import json
 import random
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,32 @@ def ranked_heads(
     return [
         (int(i) // per_layer, (int(i) % per_layer) * group + g) for i in idx for g in range(group)
     ]
+
+
+@dataclass(frozen=True)
+class TiedCut:
+    """A cut of a ranking that falls inside a block of equal scores: ``chosen`` of the
+    ``block`` heads scoring ``value`` fall on the first side, picked by the tie-break."""
+
+    chosen: int
+    block: int
+    value: float
+
+
+def tied_cut(values: Sequence[float], n_first: int) -> TiedCut | None:
+    """Whether cutting a ranking after its first ``n_first`` entries (``values``: the scores in
+    rank order) splits a block of equal scores; None when the cut falls between two scores."""
+    v = np.asarray(values, dtype=float)
+    if not 0 < n_first < v.size or v[n_first - 1] != v[n_first]:
+        return None
+    same = v == v[n_first - 1]
+    return TiedCut(int(same[:n_first].sum()), int(same.sum()), float(v[n_first - 1]))
+
+
+def all_tied(values: Sequence[float]) -> bool:
+    """Every score equal (a ranking that orders nothing, e.g. all zero)."""
+    v = np.asarray(values, dtype=float)
+    return v.size > 1 and bool(np.all(v == v[0]))
 
 
 def heads_to_drop(ranking: Sequence[Head], keep: float, group: int = 1) -> list[Head]:

@@ -157,3 +157,24 @@ def resume_from_shards(tmp_path, capsys):
         assert not partial.exists()
 
     return check
+
+
+@pytest.fixture(scope="session")
+def rank_every_head():
+    """A function giving a tiny-model (2 x 4 heads) retrieval run distinct scores: a random
+    model answers no needle, so every head scores 0, and ablate and prune refuse a ranking made
+    only of ties."""
+
+    def rank(run) -> None:
+        import numpy as np
+
+        from headhunt.heads.scores import HeadScores
+
+        # Two heads above retrieval's 0.1 threshold (ablate draws its random heads from the
+        # others), the rest distinct below it.
+        values = np.array([[0.5, 0.3, 0.05, 0.04], [0.03, 0.02, 0.01, 0.0]])
+        HeadScores.from_matrix("retrieval_score", values, n_kv_heads=2).to_parquet(
+            run / "scores.parquet"
+        )
+
+    return rank

@@ -59,11 +59,32 @@ class AblateConfig(DecodeBatch, NeedleTrials):
                 f"{source.path / 'manifest.json'} does not say which model made the run (no "
                 "model n_layers/n_heads)"
             )
-        source.scores()  # a missing or corrupt table fails now
+        from headhunt.heads.pruning import all_tied
+
+        values = source.scores().matrix("retrieval_score").ravel()  # a bad table fails now
+        if all_tied(values):
+            raise HeadhuntError(
+                f"every head of {self.scores} has the same retrieval_score ({values[0]:.3g}): "
+                "its top heads would be arbitrary ones; score more or longer trials first"
+            )
         return source
 
     def check(self) -> None:
         self.source()
+
+
+def say_tied_cut(ctx, scores, top_k: int) -> None:
+    """Say so when the last of the top-K heads are picked among heads of equal score."""
+    from headhunt.heads.pruning import tied_cut
+    from headhunt.heads.retrieval import METRIC
+
+    values = scores.top(METRIC, len(scores.df))["value"].to_numpy()
+    cut = tied_cut(values, top_k)
+    if cut is not None:
+        ctx.say(
+            f"ablate: {cut.chosen} of the top {top_k} heads are picked among {cut.block} heads "
+            f"of equal {METRIC} {cut.value:.3g} (in layer, head order)"
+        )
 
 
 class Ablate(Method):
@@ -112,6 +133,7 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
         above = scores.heads(METRIC, source.manifest["parameters"].get("threshold", 0.1))
         if config.top_k > len(ranked):
             raise HeadhuntError(f"--top-k must be between 1 and {len(ranked)}")
+        say_tied_cut(ctx, scores, config.top_k)
         # The check's conditions (no mask, the top heads, each random set) are the units of work.
         check = MaskingCheck.draw(
             model, ranked[: config.top_k], config.draws, seed=config.seed, exclude=above

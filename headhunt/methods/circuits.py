@@ -158,6 +158,8 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
         tables = _tables(model, sae_scores, eap_pairs, patch, truth)
         _write_edges(ctx, trials, L, H)
         circuit = _circuit(config, sae_scores[rule_key].reshape(L, H), rule_key, truth)
+        if "tie" in circuit:
+            ctx.say(f"circuits: {circuit['tie']}")
         ctx.write("circuit.json", circuit)
         summary = summarize(trials) if truth is not None else {}
         truth_heads = [] if truth is None else [(i // H, i % H) for i in np.flatnonzero(truth)]
@@ -335,6 +337,9 @@ def _tables(model, sae_scores, eap_pairs, patch, truth) -> list:
 def _circuit(config: CircuitsConfig, ranking, rule_key: str, truth) -> dict[str, Any]:
     """The heads called the circuit: above --circuit-threshold, else the top --circuit-size
     (default: as many as the ground truth has, else 10)."""
+    import numpy as np
+
+    from headhunt.heads.pruning import tied_cut
     from headhunt.sae import scoring
 
     if config.circuit_threshold is not None:
@@ -342,7 +347,14 @@ def _circuit(config: CircuitsConfig, ranking, rule_key: str, truth) -> dict[str,
         return {"rule": f"{rule_key} > {config.circuit_threshold}", "heads": chosen}
     size = config.circuit_size or (int(truth.sum()) if truth is not None else 10)
     chosen = scoring.circuit(ranking, size=min(size, ranking.size))
-    return {"rule": f"top {size} heads by {rule_key}", "heads": chosen}
+    out: dict[str, Any] = {"rule": f"top {size} heads by {rule_key}", "heads": chosen}
+    cut = tied_cut(np.sort(np.asarray(ranking, float).ravel())[::-1], len(chosen))
+    if cut is not None:  # the last heads are one pick among equals: say which rule picked them
+        out["tie"] = (
+            f"the last {cut.chosen} of the {len(chosen)} circuit heads are picked among "
+            f"{cut.block} heads of equal {rule_key} {cut.value:.3g} (earlier layer, head first)"
+        )
+    return out
 
 
 def _truth_rule(sae_config) -> str:

@@ -52,7 +52,15 @@ class PruneConfig(Ranking):
         if self.evaluate and self.scores is None:
             raise HeadhuntError("--evaluate compares rankings: give --scores RUN")
         if self.scores is not None:
-            read_scores(self.scores, self.metric)
+            from headhunt.heads.pruning import all_tied
+
+            values = read_scores(self.scores, self.metric)[0].ravel()
+            if all_tied(values) and self.tiebreak == "random":
+                raise HeadhuntError(
+                    f"every head of {self.scores} has the same {self.metric} ({values[0]:.3g}): "
+                    "the ranking would be a random order; pass --tiebreak masking (heads ordered "
+                    "by their measured masking effect) or --tiebreak RUN:METRIC"
+                )
         if self.tiebreak not in ("random", "masking"):
             path, sep, metric = self.tiebreak.rpartition(":")
             if not sep or not path:
@@ -74,6 +82,26 @@ class PruneConfig(Ranking):
             batch_size=self.batch_size,
             seed=self.seed,
             unit=self.unit,
+        )
+
+
+def say_tied_cut(ctx, scores, n_kv_heads: int | None, n_kept: int, config: PruneConfig) -> None:
+    """Say so when the heads dropped are picked among heads of equal score (by the tie-break)."""
+    import numpy as np
+
+    from headhunt.heads.kvcache import kv_scores
+    from headhunt.heads.pruning import tied_cut
+
+    units = scores if n_kv_heads is None else kv_scores(scores, n_kv_heads)
+    group = 1 if n_kv_heads is None else scores.shape[1] // n_kv_heads
+    values = np.sort(np.where(np.isnan(units), -np.inf, units).ravel())[::-1]
+    cut = tied_cut(values, n_kept // group)
+    if cut is not None:
+        what = "query heads" if n_kv_heads is None else "KV groups"
+        ctx.say(
+            f"prune: {cut.block - cut.chosen} of the {values.size - n_kept // group} {what} "
+            f"dropped are picked among {cut.block} of equal {config.metric} {cut.value:.3g} by "
+            f"--tiebreak {config.tiebreak}"
         )
 
 
@@ -135,6 +163,7 @@ trials); writes prune_eval.csv."""
             kv = model.n_kv_heads if by_kv else None
             ranking = ranked_heads(scores, "top", config.seed, n_kv_heads=kv, secondary=secondary)
             drop = heads_to_drop(ranking, config.keep, model.group_size if by_kv else 1)
+            say_tied_cut(ctx, scores, kv, len(ranking) - len(drop), config)
         conds: list[tuple[str, float]] = []
         if config.evaluate:
             ev = config.evaluation()

@@ -21,7 +21,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_retrieval_writes_a_complete_run_directory(tiny_folder, tmp_path, capsys):
+def test_retrieval_writes_a_complete_run_directory(tiny_folder, tmp_path, capsys, rank_every_head):
     out = tmp_path / "run"
     assert main(["retrieval", "--model", str(tiny_folder), "--out", str(out), *FAST]) == 0
     files = set(os.listdir(out))
@@ -57,6 +57,7 @@ def test_retrieval_writes_a_complete_run_directory(tiny_folder, tmp_path, capsys
     )
 
     # The causal check reads the run.
+    rank_every_head(out)
     abl = tmp_path / "abl"
     code = main(
         [

@@ -180,3 +180,71 @@ def test_an_encoder_is_refused_in_one_line_at_load(tmp_path, capsys):
     err = _one_line_error(capsys, argv)
     assert "not causal" in err
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+
+
+def _tied_run(tmp_path, values) -> str:
+    from headhunt.heads.scores import HeadScores
+
+    run = tmp_path / "tied"
+    run.mkdir()
+    model = {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2}
+    manifest = {"method": "retrieval", "parameters": {}, "model": model}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    HeadScores.from_matrix("retrieval_score", values, n_kv_heads=2).to_parquet(
+        run / "scores.parquet"
+    )
+    return str(run)
+
+
+@pytest.mark.parametrize("method", ["ablate", "prune"])
+def test_a_ranking_made_only_of_ties_is_refused_before_the_model_loads(tmp_path, capsys, method):
+    run = _tied_run(tmp_path, [[0.0] * 4] * 2)
+    extra = ["--keep", "0.9"] if method == "prune" else []
+    argv = [method, "--model", NO_MODEL, "--scores", run, "--out", str(tmp_path / "o"), *extra]
+    err = _one_line_error(capsys, argv)
+    assert "the same retrieval_score" in err
+    if method == "prune":
+        assert "--tiebreak masking" in err
+
+
+def test_a_cut_inside_equal_scores_is_said():
+    from headhunt.heads.pruning import all_tied, tied_cut
+
+    assert tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2) == tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2)
+    cut = tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2)
+    assert (cut.chosen, cut.block, cut.value) == (1, 3, 0.5)
+    assert tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 4) is None  # between 0.5 and 0.1
+    assert tied_cut([0.9, 0.5], 2) is None
+    assert all_tied([0.0, 0.0, 0.0]) and not all_tied([0.0, 0.1])
+
+
+def test_prune_and_ablate_say_when_their_cut_falls_among_ties():
+    from headhunt.heads.scores import HeadScores
+    from headhunt.methods.ablate import say_tied_cut as ablate_says
+    from headhunt.methods.prune import PruneConfig
+    from headhunt.methods.prune import say_tied_cut as prune_says
+
+    said = []
+
+    class Ctx:
+        def say(self, text):
+            said.append(text)
+
+    matrix = np.array([[0.9, 0.0, 0.0, 0.0], [0.8, 0.0, 0.0, 0.7]])
+    prune_says(Ctx(), matrix, None, 6, PruneConfig(keep=0.75, scores="x"))
+    assert said[-1].startswith("prune: 2 of the 2 query heads dropped are picked among 5")
+    prune_says(Ctx(), matrix, None, 3, PruneConfig(keep=0.375, scores="x"))
+    assert len(said) == 1  # a cut between 0.7 and 0.0 picks no tie
+    scores = HeadScores.from_matrix("retrieval_score", matrix, n_kv_heads=2)
+    ablate_says(Ctx(), scores, 4)
+    assert said[-1].startswith("ablate: 1 of the top 4 heads are picked among 5 heads")
+
+
+def test_a_circuits_last_head_among_ties_is_said():
+    from headhunt.methods.circuits import CircuitsRunConfig, _circuit
+
+    ranking = np.array([[0.9, 0.4], [0.4, 0.1]])
+    out = _circuit(CircuitsRunConfig(circuit_size=2), ranking, "sae_node", None)
+    assert out["heads"] == [(0, 0), (0, 1)]
+    assert "picked among 2 heads of equal sae_node 0.4" in out["tie"]
+    assert "tie" not in _circuit(CircuitsRunConfig(circuit_size=3), ranking, "sae_node", None)

@@ -209,10 +209,11 @@ def test_circuits_on_a_split_planted_model(tmp_path, monkeypatch, where):
         pd.testing.assert_frame_equal(a, b)
 
 
-def test_ablate_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path):
+def test_ablate_through_accelerate_hooks_on_the_cpu(tiny_folder, tmp_path, rank_every_head):
     scores = tmp_path / "scores"
     argv = commands(tiny_folder, "", tmp_path)["retrieval"]
     assert main([*argv, "--device", "cpu", "--out", str(scores)]) == 0
+    rank_every_head(scores)
     ablate = ["ablate", "--model", str(tiny_folder), "--dtype", "float32", "--scores", str(scores)]
     ablate += ["--top-k", "2", "--draws", "2", "--lengths", "128", "--depths", "50"]
     ablate += ["--needles", "passkey", "--max-new-tokens", "3"]
