@@ -150,7 +150,7 @@ def test_retrieval_std_is_the_sample_std_the_dashboard_shows():
     from headhunt.heads.retrieval import aggregate
 
     class Shape:
-        n_layers, n_heads, n_kv_heads = 1, 2, 1
+        n_layers, n_heads, n_kv_heads, attention_layers = 1, 2, 1, [0]
 
     values = [[[0.0, 1.0]], [[1.0, 1.0]], [[0.5, 0.0]]]
     records = [{"counted": True, "scores": v, "on_needle": v} for v in values]
@@ -241,10 +241,10 @@ def test_prune_and_ablate_say_when_their_cut_falls_among_ties():
 
 
 def test_a_circuits_last_head_among_ties_is_said():
-    from headhunt.methods.circuits import CircuitsRunConfig, _circuit
+    from headhunt.methods.circuits import CircuitsConfig, _circuit
 
     ranking = np.array([[0.9, 0.4], [0.4, 0.1]])
-    out = _circuit(CircuitsRunConfig(circuit_size=2), ranking, "sae_node", None)
+    out = _circuit(CircuitsConfig(circuit_size=2), ranking, "sae_node", None)
     assert out["heads"] == [(0, 0), (0, 1)]
     assert "picked among 2 heads of equal sae_node 0.4" in out["tie"]
-    assert "tie" not in _circuit(CircuitsRunConfig(circuit_size=3), ranking, "sae_node", None)
+    assert "tie" not in _circuit(CircuitsConfig(circuit_size=3), ranking, "sae_node", None)
