@@ -34,7 +34,12 @@ def head_view_page(ctx: Context) -> None:
         no_runs_message(ctx.root)
         return
     layer, head = ctx.layer, ctx.head
-    st.header(f"Head view {layer}-{head}: one head over a long prompt")
+    saved = st.session_state.get("hv_source") == "file"
+    st.header(
+        "Head view: a saved view"
+        if saved
+        else f"Head view {layer}-{head}: one head over a long prompt"
+    )
     st.caption(
         "Every query's argmax key, entropy and top weight, and the attention each key "
         "receives, from the kernels' row and column statistics (no N x N matrix, up to the "
@@ -62,7 +67,7 @@ def _request(ctx: Context, source: str, spec: str, layer: int, head: int):
     for (None when the page cannot go on)."""
     if source == "file":
         path = st.text_input("head view file (.npz)", key="hv_file")
-        if st.button("Open", key="hv_open_go") and path:
+        if st.button("Open this head view", key="hv_open_go") and path:
             try:
                 view = HeadView.load(Path(path).expanduser())
             except HeadhuntError as e:

@@ -223,7 +223,12 @@ def test_switching_runs_during_an_intervention_keeps_its_result_with_its_run(
         sidebar.get_by_test_id("stSelectbox").first.click()
         page.get_by_role("option", name="sinks-tiny (sinks)").click()
         expect(page.get_by_test_id("stMultiSelect").get_by_text("1-2 (0.3)")).to_be_visible()
-        expect(page.get_by_text("An intervention for other settings")).to_be_visible()
+        notice = page.get_by_text("An intervention for other settings")
+        expect(notice).to_be_visible()
+        # The notice follows the computation (its step and seconds move), not frozen.
+        first = notice.inner_text()
+        page.wait_for_timeout(2500)
+        expect(page.get_by_text("intervention for other settings")).not_to_have_text(first)
         expect(page.get_by_role("heading", name="Before: unchanged")).to_have_count(0)
         expect(page.get_by_role("button", name="Answer before and after (1-2")).to_be_visible()
 
