@@ -182,11 +182,12 @@ def test_open_a_run_pick_a_head_and_see_its_detail(server, runs_root, tmp_path):
 
 @pytest.fixture
 def slower_model(tmp_path) -> str:
-    """A random Llama big enough that a 2000-token intervention takes seconds on a CPU (about
-    4 s per answer on this 2-core machine under load), so a run switch lands while it computes."""
+    """A random Llama big enough that a 2000-token intervention takes seconds on a CPU, so a
+    run switch lands while it computes; of the fixture runs' shape (2 layers x 4 heads), as
+    the app refuses an override model whose heads are not the run's."""
     from headhunt.probes.tiny import tiny_llama
 
-    m = tiny_llama(n_layers=6, n_heads=4, n_kv_heads=2, d_model=384, max_context=4096)
+    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, d_model=512, max_context=4096)
     folder = tmp_path / "slower-model"
     m.model.save_pretrained(folder)
     m.tokenizer.save_pretrained(folder)
