@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/headhunt retrieval --model smollm2-135m --out runs/retrieval-smollm2 --resume
+	$(BIN)/headhunt retrieval --model smollm2-135m --out runs/retrieval --resume
 
 test: setup
 	$(BIN)/ruff check .
