@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from headhunt.heads.scores import Head, parse_heads
 from headhunt.methods.base import CIRCUIT, NEEDLE_TRIALS
-from headhunt.probes.headview import HeadView, head_view
 from headhunt.views.attention import (
     HeadAttention,
     SinkMarks,
@@ -101,7 +100,6 @@ __all__ = [
     "find_entry",
     "head_attention",
     "head_view",
-    "HeadView",
     "head_spread",
     "head_table",
     "layer_metrics",
@@ -127,3 +125,19 @@ __all__ = [
     "view_matrix",
     "view_state",
 ]
+
+
+def head_view(*args, **kwargs):
+    """:func:`headhunt.probes.headview.head_view` (imported on use: importing headhunt.probes
+    loads torch, which reading runs never needs)."""
+    from headhunt.probes.headview import head_view as compute
+
+    return compute(*args, **kwargs)
+
+
+def __getattr__(name: str):
+    if name == "HeadView":  # the class of a head view, from the same module, on use
+        from headhunt.probes.headview import HeadView
+
+        return HeadView
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
