@@ -62,6 +62,12 @@ def _chunked_max(
     return m, ci * _CHUNK + within
 
 
+def _block_width(lo: torch.Tensor, hi: torch.Tensor, i0: int, i1: int) -> int:
+    """Keys scored for query rows [i0, i1): from the lowest first visible key to the highest
+    last one over the block's rows (``lo`` / ``hi``: [batch, nq] interval bounds on the CPU)."""
+    return max(1, int(hi[:, i0:i1].max()) - int(lo[:, i0:i1].min()) + 1)
+
+
 def default_block_q(rows_per_query: int, nk: int, device: torch.device) -> int:
     """Pick the query-block length for the blocked reference.
 
@@ -198,6 +204,11 @@ def attention_stats_torch(
             # more queries per block.
             seen = min(nk, int(span_c[i0]) + 16)
             nb = default_block_q(rows_per_query, max(seen, _CHUNK), dev)
+            # The block's rows see more keys than its first (causal rows grow): halve it
+            # until the keys it scores fit the same budget, so no block is quadratic.
+            budget = default_block_q(rows_per_query, _CHUNK, dev) * _CHUNK
+            while nb > 16 and nb * _block_width(lo_c, hi_c, i0, min(i0 + nb, nq)) > budget:
+                nb = max(16, nb // 2 // 16 * 16)
         i1 = min(i0 + nb, nq)
         nb = i1 - i0
         rows_seen = seen_c[:, i0:i1]

@@ -78,6 +78,22 @@ def test_decode_sees_all_keys(oracle):
     oracle.check(st, oracle.dense(q, k, causal=False), tol=1e-3)
 
 
+def test_adaptive_blocks_stay_within_budget_for_one_head(oracle):
+    # The default block is sized by the keys its first row sees; causal rows after it see
+    # more. With one head and 8k tokens the first block once took 16k queries: the whole
+    # 8k x 8k matrix (64M floats). Every block must stay near the CPU budget (2**20).
+    n = 8192
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, n, 16), torch.randn(1, 1, n, 16)
+    with oracle.largest_tensor() as probe:
+        st = attention_stats_torch(q, k)
+    assert probe.largest <= 2 * 2**20, probe.largest
+    rows = torch.tensor([0, 1, 700, 4095, n - 1])
+    s = (q[0, 0, rows].double() @ k[0, 0].double().T) / 4.0
+    s = s.masked_fill(torch.arange(n)[None, :] > rows[:, None], -math.inf)
+    assert oracle.rel_err(st.lse[0, 0, rows], torch.logsumexp(s, -1)) < 1e-5
+
+
 def test_memory_is_linear_at_8k(oracle):
     # Dense fp32 scores for 2 heads x 8k x 8k would take 512 MiB; the blocked reference
     # must never hold more than one block of hq * block_q * (nk + chunk padding) floats
