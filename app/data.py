@@ -15,8 +15,8 @@ from pathlib import Path
 import streamlit as st
 
 from headhunt import inspect as hi
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import MANIFEST, Run, load_run
+from headhunt.scores import HeadScores
 
 ENV_RUNS = "HEADHUNT_RUNS"
 

@@ -286,7 +286,7 @@ def interventions_page(ctx: Context) -> None:
     how = c1.radio("intervention", ["mask", "act"], format_func=_how_label, key="iv_how")
     mode = c2.selectbox("mask mode", ["query", "output"], key="iv_mode", disabled=how != "mask")
     beta = c3.slider("ACT beta", 0.0, 1.0, step=0.05, key="iv_beta", disabled=how != "act")
-    from headhunt.heads.needles import NEEDLES
+    from headhunt.heads.inputs.needles import NEEDLES
 
     c1, c2, c3, c4 = st.columns(4)
     needle = c1.selectbox("needle", list(NEEDLES), key="iv_needle")

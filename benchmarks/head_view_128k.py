@@ -32,7 +32,7 @@ QUESTION = " What is the secret passkey for the blue vault? It is"
 
 
 def prepare(out: str) -> None:
-    from headhunt.heads.needles import read_haystack
+    from headhunt.heads.inputs.needles import read_haystack
     from headhunt.probes import load_model
 
     tok = load_model("smollm2-135m").tokenizer

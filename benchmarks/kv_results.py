@@ -17,13 +17,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headhunt.heads.scores import HeadScores
+from headhunt.scores import HeadScores
 
 SCORES = Path(__file__).parent / "results" / "smollm2_h200" / "scores.parquet"
 
 
 def prune_part(model, scores: np.ndarray, out: Path, unit: str) -> None:
-    from headhunt.heads.prune_eval import PruneEvalConfig, prune_sweep, summarize
+    from headhunt.heads.evaluations.prune_eval import PruneEvalConfig, prune_sweep, summarize
 
     cfg = PruneEvalConfig(
         keep=[0.95, 0.9, 0.85, 0.8, 0.7, 0.5],
@@ -42,7 +42,7 @@ def prune_part(model, scores: np.ndarray, out: Path, unit: str) -> None:
 def kv_part(
     model, scores: np.ndarray, out: Path, lengths: list[int], fractions: list[float], repeats: int
 ) -> None:
-    from headhunt.heads.kv_eval import (
+    from headhunt.heads.evaluations.kv_eval import (
         KVEvalConfig,
         build_eval_trials,
         kv_eval,
@@ -81,7 +81,7 @@ def prune_bar_part(
     held. Every condition answers the same trials: changes are paired, with standard errors."""
     import copy
 
-    from headhunt.heads.prune_eval import (
+    from headhunt.heads.evaluations.prune_eval import (
         PruneEvalConfig,
         masking_effect,
         materials,
@@ -89,7 +89,7 @@ def prune_bar_part(
         needle_trials,
         summarize,
     )
-    from headhunt.heads.pruning import prune_model, ranked_heads
+    from headhunt.heads.interventions.pruning import prune_model, ranked_heads
 
     cfg = PruneEvalConfig(
         lengths=lengths, depths=[0.0, 25.0, 50.0, 75.0, 100.0], repeats=repeats,
@@ -161,7 +161,7 @@ def kv_bar_part(
     """The kv-eval bar: the smallest share of full KV heads (headhunt's ranking) keeping both
     needle and RULER-like accuracy within 1 point of the full cache, found by lowering the
     share until two in a row miss; then random draws at that share. Paired trials."""
-    from headhunt.heads import kv_eval as kv
+    from headhunt.heads.evaluations import kv_eval as kv
 
     cfg = kv.KVEvalConfig(
         fractions=[1.0], lengths=lengths, needle_repeats=needle_repeats,
@@ -220,7 +220,11 @@ def llama8b_part(out: Path, length: int) -> None:
     """KV bytes and peak GPU memory of prefill + 8 decoded tokens at ``length`` tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from headhunt.heads.kvcache import generate_with_plan, plan_from_ranking, random_ranking
+    from headhunt.heads.interventions.kvcache import (
+        generate_with_plan,
+        plan_from_ranking,
+        random_ranking,
+    )
     from headhunt.probes.hooked import HookedModel
 
     cfg = LlamaConfig(

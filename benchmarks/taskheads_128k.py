@@ -30,7 +30,7 @@ DOCS, QUESTION, FRAME, ANSWER, NULL = 32, 24, 6, 4, 3
 
 
 def example(n: int, vocab: int):
-    from headhunt.heads.task_inputs import Encoded
+    from headhunt.heads.inputs.task_inputs import Encoded
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, vocab, (n,), generator=g).tolist()

@@ -43,7 +43,7 @@ ARCHS = {
 
 
 def make_sets(smoke: bool):
-    from headhunt.heads.mqar_inputs import MQARSpec, generate_mqar
+    from headhunt.heads.inputs.mqar_inputs import MQARSpec, generate_mqar
 
     n_train = 512 if smoke else 12_000
     train = {
@@ -128,8 +128,8 @@ def train(arch: str, width: int, sets, dev, steps: int, seconds: float, seed: in
 
 def analyse(model, cfg, test, dev, top_k: int = 2, n_random: int = 10) -> dict:
     """headhunt on a trained model with attention layers: recall heads, induction, masking."""
-    from headhunt.heads.causal import random_head_sets
-    from headhunt.heads.masking import HeadMask
+    from headhunt.heads.evaluations.causal import random_head_sets
+    from headhunt.heads.interventions.masking import HeadMask
     from headhunt.heads.mqar import recall_scores, run_mqar
     from headhunt.heads.mqar_train import mqar_tokenizer
     from headhunt.heads.ngram import NgramConfig, score_sequences

@@ -28,7 +28,7 @@ _EXPORTS = {
     "RunDir": "headhunt.rundir",
     "load_run": "headhunt.rundir",
     "find_runs": "headhunt.rundir",
-    "HeadScores": "headhunt.heads.scores",
+    "HeadScores": "headhunt.scores",
     "load_model": "headhunt.probes.hooked",
     "HookedModel": "headhunt.probes.hooked",
     "AttentionHook": "headhunt.probes.attention",
@@ -44,7 +44,7 @@ _EXPORTS = {
     "ProbeRunConfig": "headhunt.methods.probe",
     "TaskHeadsConfig": "headhunt.methods.taskheads",
     "score_retrieval": "headhunt.heads.retrieval",
-    "mask_heads": "headhunt.heads.masking",
+    "mask_heads": "headhunt.heads.interventions.masking",
 }
 
 

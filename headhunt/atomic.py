@@ -80,7 +80,7 @@ def write_file(path: str | os.PathLike, obj: Any, **options: Any) -> Path:
     ``.json``: any JSON-able object (numpy arrays and paths too; ``indent`` default 2, ``end``
     default a newline). ``.jsonl``: an iterable of records, one a line. ``.csv``: a DataFrame
     (``to_csv`` options; no index). ``.tsv``: a 2-D array (``fmt`` default ``%.6f``) or a
-    DataFrame. ``.parquet``: a DataFrame or a :class:`~headhunt.heads.scores.HeadScores`.
+    DataFrame. ``.parquet``: a DataFrame or a :class:`~headhunt.scores.HeadScores`.
     ``.html``: a plotly figure (plotly.js inlined: the file opens offline) or a string.
     ``.safetensors``: a dict of torch tensors or of numpy arrays (``metadata``). ``.png``: a
     plotly figure (through kaleido) or bytes. A string is written as it is, whatever the suffix.

@@ -175,7 +175,7 @@ class RunContext:
         timing: str | None = None,
     ) -> dict[str, dict[str, Any]] | None:
         """Conditions as units of work (condition name -> what to apply, such as the heads of
-        :meth:`~headhunt.heads.causal.MaskingCheck.conditions`): each rank measures its share
+        :meth:`~headhunt.heads.evaluations.causal.MaskingCheck.conditions`): each rank measures its share
         not done yet and saves ``{"condition": name, **measure(what)}`` under ``name``; every
         rank waits (``timing`` records the slowest); rank 0 gets the records by condition, in
         plan order, the others None."""

@@ -23,7 +23,7 @@
   beta)`` tokens, where ``share`` is its (non-negative) score over the sum of all scores.
 
 headhunt scores query heads; DuoAttention and kvpress decide per KV head, so a KV head gets the
-max of its query heads' scores (the rule :mod:`headhunt.heads.kvcache` uses), min-max scaled to
+max of its query heads' scores (the rule :mod:`headhunt.heads.interventions.kvcache` uses), min-max scaled to
 [0, 1] (only the order matters for quantile/ratio deployment; DuoAttention's threshold 0.5 has no
 meaning for these values). With ``full_fraction`` the duo file is binary instead: 1 for the
 top ``full_fraction`` of KV heads, so threshold and sparsity deployments agree.
@@ -40,7 +40,7 @@ import numpy as np
 from jaxtyping import Float
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.kvcache import kv_scores, rank_kv_heads
+from headhunt.heads.interventions.kvcache import kv_scores, rank_kv_heads
 from headhunt.kvbudget import (
     DEFAULT_FLOOR,
     duo_accounting,
@@ -481,8 +481,8 @@ def streaming_window(
 def read_scores(path: str | Path, metric: str) -> tuple[np.ndarray, dict[str, Any] | None]:
     """The [layers, heads] matrix of ``metric`` from a run directory (or a ``scores.parquet``
     file), and the model facts of the run's manifest (None for a bare parquet file)."""
-    from headhunt.heads.scores import HeadScores
     from headhunt.rundir import load_run
+    from headhunt.scores import HeadScores
 
     path = Path(path).expanduser()
     facts = None

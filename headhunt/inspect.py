@@ -19,8 +19,8 @@ declares: ``RunEntry.panels``.
 
 from __future__ import annotations
 
-from headhunt.heads.scores import Head, parse_heads
 from headhunt.methods.base import CIRCUIT, NEEDLE_TRIALS
+from headhunt.scores import Head, parse_heads
 from headhunt.views.attention import (
     HeadAttention,
     SinkMarks,

@@ -32,7 +32,7 @@ DEFAULT_FLOOR = 0.1
 
 def fold_kv(matrix: Float[np.ndarray, "layers heads"], n_kv_heads: int) -> np.ndarray:
     """Per-KV-head score: the max over the KV head's query heads (as
-    :func:`headhunt.heads.kvcache.kv_scores`; NaN counts as -inf)."""
+    :func:`headhunt.heads.interventions.kvcache.kv_scores`; NaN counts as -inf)."""
     layers, heads = matrix.shape
     m = np.where(np.isnan(matrix), -np.inf, matrix)
     return m.reshape(layers, n_kv_heads, heads // n_kv_heads).max(-1)

@@ -1,7 +1,7 @@
 """Run directories: the one interchange format between analyses, the CLI, the app and notebooks.
 
 A run directory holds ``manifest.json`` (model, method, parameters, versions, timings),
-``scores.parquet`` (a tidy :class:`~headhunt.heads.scores.HeadScores` table) and each method's
+``scores.parquet`` (a tidy :class:`~headhunt.scores.HeadScores` table) and each method's
 own interchange files. It is built in a sibling ``<out>.partial`` folder, where a long run also
 keeps its finished work, and renamed into place only when complete: a reader never sees a
 half-written run, and an interrupted run resumes from the partial folder.
@@ -411,8 +411,8 @@ class Run:
         return self.manifest.get("method", "?")
 
     def scores(self):
-        """The run's :class:`~headhunt.heads.scores.HeadScores`."""
-        from headhunt.heads.scores import HeadScores
+        """The run's :class:`~headhunt.scores.HeadScores`."""
+        from headhunt.scores import HeadScores
 
         path = self.path / SCORES
         if not path.is_file():

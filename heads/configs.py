@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from headhunt.config import MethodConfig, default_of, option
 from headhunt.errors import HeadhuntError
-from headhunt.heads.needles import NEEDLES
-from headhunt.heads.ruler import TASKS as KV_TASKS
+from headhunt.heads.inputs.needles import NEEDLES
+from headhunt.heads.inputs.ruler import TASKS as KV_TASKS
 
 if TYPE_CHECKING:
     from headhunt.probes.hooked import HookedModel
@@ -159,7 +159,7 @@ class SinksConfig(MethodConfig):
 @dataclass
 class CalibrateConfig(MethodConfig):
     """A calibration run (ACT, Yu et al. 2024): the task and its split, the head search, the
-    calibration (``beta``, ``tau``, ``min_queries``: see :class:`headhunt.heads.act.ActConfig`)
+    calibration (``beta``, ``tau``, ``min_queries``: see :class:`headhunt.heads.interventions.act.ActConfig`)
     and the bootstrap. ``seed`` seeds the split and the bootstrap."""
 
     task: str = option("sentiment", "bundled task or a JSONL file")
@@ -191,8 +191,8 @@ class CalibrateConfig(MethodConfig):
         super().validate()
 
     def act(self):
-        """The calibration's own settings (:class:`headhunt.heads.act.ActConfig`)."""
-        from headhunt.heads.act import ActConfig
+        """The calibration's own settings (:class:`headhunt.heads.interventions.act.ActConfig`)."""
+        from headhunt.heads.interventions.act import ActConfig
 
         return ActConfig(beta=self.beta, tau=self.tau, min_queries=self.min_queries)
 

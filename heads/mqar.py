@@ -1,6 +1,6 @@
 """Multi-query associative recall (MQAR, Zoology): recall heads and masking.
 
-The examples come from :mod:`headhunt.heads.mqar_inputs` (the generator and the rendering into
+The examples come from :mod:`headhunt.heads.inputs.mqar_inputs` (the generator and the rendering into
 a pretrained model's words; its names are importable from here too).
 
 Recall heads (:func:`score_recall_heads`): for each query, the attention from the query
@@ -23,9 +23,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.causal import MaskingCheck
-from headhunt.heads.masking import HeadMask
-from headhunt.heads.mqar_inputs import (  # the generator's names, importable from here too
+from headhunt.heads.evaluations.causal import MaskingCheck
+from headhunt.heads.inputs.mqar_inputs import (  # the generator's names, importable from here too
     LAYOUTS,
     MQARProbe,
     MQARSpec,
@@ -35,9 +34,10 @@ from headhunt.heads.mqar_inputs import (  # the generator's names, importable fr
     render_mqar,
     word_pools,
 )
-from headhunt.heads.scores import Head, HeadScores
+from headhunt.heads.interventions.masking import HeadMask
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import Head, HeadScores
 
 __all__ = [
     "LAYOUTS",

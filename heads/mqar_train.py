@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.mqar_inputs import MQARSpec, generate_mqar
+from headhunt.heads.inputs.mqar_inputs import MQARSpec, generate_mqar
 from headhunt.probes.hooked import HookedModel
 
 

@@ -46,9 +46,9 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.configs import K_LIMIT, NgramConfig  # noqa: F401  (its config)
-from headhunt.heads.scores import HeadScores
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import HeadScores
 
 
 @dataclass

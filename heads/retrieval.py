@@ -28,10 +28,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headhunt.heads.configs import MAX_TRIALS, RetrievalConfig  # noqa: F401  (its config)
-from headhunt.heads.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
-from headhunt.heads.scores import HeadScores
+from headhunt.heads.inputs.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
 from headhunt.probes.capture import Decoded, greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import HeadScores
 
 METRIC = "retrieval_score"
 

@@ -40,9 +40,9 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.configs import SinksConfig
-from headhunt.heads.scores import HeadScores
 from headhunt.probes.capture import capture_attention_stats, capture_stats_and_counts
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import HeadScores
 
 
 @dataclass

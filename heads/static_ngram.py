@@ -28,9 +28,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import Head, check_heads
 
 
 def static_ngram_pattern(ids: Sequence[int] | Tensor, k: int) -> Float[Tensor, "n n"]:

@@ -1,6 +1,6 @@
 """Heads for a user's task: three detectors per head from one teacher-forced pass per example.
 
-For one example (:class:`headhunt.heads.task_inputs.Encoded`) the gold answer is fed after the
+For one example (:class:`headhunt.heads.inputs.task_inputs.Encoded`) the gold answer is fed after the
 prompt, so every head is scored whether or not the model would have answered correctly; the
 pass also says whether it would have (every answer token is the argmax of its row's logits,
 i.e. greedy decoding reproduces the answer). A second pass over the null prompt (the question
@@ -41,7 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.task_inputs import Encoded
+from headhunt.heads.inputs.task_inputs import Encoded
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 

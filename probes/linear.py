@@ -413,14 +413,14 @@ def _chance(y: np.ndarray, train: np.ndarray, task: str) -> float:
 
 
 def to_scores(results: list[ProbeResult], n_heads_per_kv: int = 1):
-    """A :class:`~headhunt.heads.scores.HeadScores` table: one row per (layer, head, metric).
+    """A :class:`~headhunt.scores.HeadScores` table: one row per (layer, head, metric).
 
     Whole-layer probes have ``head`` and ``kv_head`` = -1 (:data:`RESIDUAL`), kept integer so
     the columns stay integer in parquet; per-head probes have the head and its KV head.
     """
     import pandas as pd
 
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     recs = []
     for r in results:

@@ -15,7 +15,7 @@ Built-in targets:
   = the word that most often followed c so far (positions with a tie or no earlier occurrence
   are skipped); ``freq`` (regression) = the share of those occurrences followed by the word
   that actually comes next at t. Type = the context c. Control: within_type.
-- :func:`needle_target`: needle-in-a-haystack prompts (:mod:`headhunt.heads.needles`), read at
+- :func:`needle_target`: needle-in-a-haystack prompts (:mod:`headhunt.heads.inputs.needles`), read at
   the question's last token; label = depth bin of the needle in the haystack. All rows share
   one token there, so the type is the prompt itself (the control then gives each prompt a
   random label). Control: shuffled.
@@ -314,13 +314,13 @@ def needle_target(
         n_texts: number of prompts.
         length: tokens per prompt.
         bins: number of depth bins (classes).
-        needles: names from :data:`headhunt.heads.needles.NEEDLES`.
+        needles: names from :data:`headhunt.heads.inputs.needles.NEEDLES`.
         haystack: a text file, or None for the bundled essays.
         position: ``question`` (the question's last token, its ``?``) or ``last`` (the last
             prompt token, just before the answer).
         seed: random seed.
     """
-    from headhunt.heads.needles import NEEDLES, TrialBuilder, read_haystack
+    from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder, read_haystack
 
     if bins < 2:
         raise HeadhuntError(f"need at least 2 depth bins, got {bins}")
@@ -382,7 +382,7 @@ _NEEDLE_TRIES = 20
 
 def _needle_trial(builder, tokenizer, needle, length, want, rng, trial_id):
     """(trial, actual depth in [0, 1), the frame's token ids after the haystack)."""
-    from headhunt.heads.needles import find_answer_span
+    from headhunt.heads.inputs.needles import find_answer_span
 
     # Replay the trial's own draw to learn its frame (the builder draws the needle first).
     state = rng.getstate()
@@ -430,7 +430,7 @@ def mqar_target(
         keys, values, filler: word pools (disjoint).
         seed: random seed.
     """
-    from headhunt.heads.mqar_inputs import MQARSpec, WordPools, render_mqar
+    from headhunt.heads.inputs.mqar_inputs import MQARSpec, WordPools, render_mqar
 
     if len(values) < 2 or len(keys) < len(values) - 1:
         raise HeadhuntError(f"need at least 2 values and {len(values) - 1} key words")

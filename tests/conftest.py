@@ -168,7 +168,7 @@ def rank_every_head():
     def rank(run) -> None:
         import numpy as np
 
-        from headhunt.heads.scores import HeadScores
+        from headhunt.scores import HeadScores
 
         # Two heads above retrieval's 0.1 threshold (ablate draws its random heads from the
         # others), the rest distinct below it.

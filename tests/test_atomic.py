@@ -13,7 +13,7 @@ import torch
 
 from headhunt.atomic import write_atomic, write_file
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import HeadScores
+from headhunt.scores import HeadScores
 
 
 def test_each_suffix_reads_back(tmp_path):

@@ -20,18 +20,12 @@ ROOT = Path(__file__).parents[1]
 
 # Core types every layer may use: the error, Head/HeadScores, the one atomic file writer, the
 # one JSONL reader, the config base (every layer's config is a method's config).
-CORE = ("headhunt.errors", "headhunt.heads.scores", "headhunt.atomic", "headhunt.reading",
+CORE = ("headhunt.errors", "headhunt.scores", "headhunt.atomic", "headhunt.reading",
         "headhunt.config")  # fmt: skip
 KERNELS = ("headhunt.kernels",)
 CAPTURE = ("headhunt.probes",)  # model loading, the hooked model, attention hooks, capture
 # Input builders (needle prompts, task items, token sequences): plain data, below capture.
-INPUTS = (
-    "headhunt.heads.needles",
-    "headhunt.heads.tasks",
-    "headhunt.heads.ngram_inputs",
-    "headhunt.heads.mqar_inputs",
-    "headhunt.sae.tasks",
-)
+INPUTS = ("headhunt.heads.inputs", "headhunt.sae.tasks")
 ANALYZERS = ("headhunt.heads", "headhunt.sae")
 # The command line: the only place argparse is imported.
 CLI = ("headhunt.cli", "headhunt.commands")
@@ -121,7 +115,7 @@ def broken_rules(module: str, target: str) -> Iterator[str]:
     if not within(target, ("headhunt",)):
         return
     for who, allowed, rule in ALLOWED:
-        # `from headhunt.heads import scores` names the package first: a parent of an allowed
+        # `from headhunt import scores` names the package first: a parent of an allowed
         # module passes here, its imported member is checked on its own.
         parent = any(within(a, (target,)) for a in allowed)
         if within(module, who) and not within(target, allowed) and not parent:
@@ -199,16 +193,20 @@ def test_every_declared_dependency_is_imported():
         ("headhunt.heads.sinks", "import argparse", "argparse only in the CLI"),
         ("headhunt.heads.sinks", "def f():\n    from headhunt.rundir import RunDir", "run dir"),
         ("headhunt.sae.scoring", "from headhunt.commands import common", "neither the CLI"),
-        ("headhunt.probes.capture", "from headhunt.heads.masking import HeadMask", "no analyzer"),
+        (
+            "headhunt.probes.capture",
+            "from headhunt.heads.interventions.masking import HeadMask",
+            "no analyzer",
+        ),
         ("headhunt.probes.hooked", "import headhunt.sae.roc", "no analyzer"),
         ("headhunt.probes.loading", "from headhunt import rundir", "no analyzer or run"),
         ("headhunt.kernels.api", "from headhunt.probes import hooked", "kernels import no"),
         ("headhunt.kernels.api", "from ..probes import hooked", "kernels import no"),
         ("headhunt.inspect", "from headhunt.app import views", "nothing imports the app"),
-        ("headhunt.heads.scores", "from headhunt.probes.hooked import HookedModel", "core"),
+        ("headhunt.scores", "from headhunt.probes.hooked import HookedModel", "core"),
         (
-            "headhunt.heads.needles",
-            "from headhunt.heads.scores import Head\nimport headhunt.probes",
+            "headhunt.heads.inputs.needles",
+            "from headhunt.scores import Head\nimport headhunt.probes",
             "input builders",
         ),
     ],
@@ -221,10 +219,10 @@ def test_the_checker_sees_a_planted_violation(module, source, message):
 def test_the_checker_lets_allowed_imports_pass():
     allowed = {
         "headhunt.heads.sinks": "from headhunt.probes.capture import capture_qk\n"
-        "from headhunt.heads.scores import HeadScores\nfrom headhunt.kernels import api",
-        "headhunt.probes.linear": "from headhunt.heads.scores import HeadScores",
-        "headhunt.probes.targets": "from headhunt.heads.needles import NEEDLES",
-        "headhunt.probes.capture": "from headhunt.heads import scores",
+        "from headhunt.scores import HeadScores\nfrom headhunt.kernels import api",
+        "headhunt.probes.linear": "from headhunt.scores import HeadScores",
+        "headhunt.probes.targets": "from headhunt.heads.inputs.needles import NEEDLES",
+        "headhunt.probes.capture": "from headhunt import scores",
         "headhunt.kernels.api": "from .reference import attention_stats_torch",
         "headhunt.commands.app": "import argparse\nfrom headhunt.app import main",
         "headhunt.app.views": "from headhunt.app.data import load",

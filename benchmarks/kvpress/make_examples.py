@@ -1,5 +1,5 @@
 """The examples for compare.py, built in headhunt's environment: needle trials
-(heads/needles.py) and the RULER-like set (heads/ruler.py) from the bundled essays, split into
+(heads/inputs/needles.py) and the RULER-like set (heads/inputs/ruler.py) from the bundled essays, split into
 context and question token ids (kvpress's pipeline prefills the context under the press, then
 answers the question by greedy decoding).
 
@@ -13,15 +13,15 @@ import argparse
 import json
 import random
 
-from headhunt.heads.needles import NEEDLES, read_haystack
+from headhunt.heads.inputs.needles import NEEDLES, read_haystack
+from headhunt.heads.inputs.ruler import build_ruler, from_needles
 from headhunt.heads.retrieval import FRESH_SEED_OFFSET, RetrievalConfig, build_trials
-from headhunt.heads.ruler import build_ruler, from_needles
 from headhunt.probes.hooked import load_model
 
 
 def split_question(tokenizer, ids: list[int]) -> int:
     """Index where the question frame starts: the last token from which the decoded tail still
-    holds 'Question:' (the frame of heads/needles.py: document, then the question)."""
+    holds 'Question:' (the frame of heads/inputs/needles.py: document, then the question)."""
     for i in range(len(ids) - 1, max(0, len(ids) - 400), -1):
         if "Question:" in tokenizer.decode(ids[i:]):
             return i

@@ -1,4 +1,4 @@
-"""Score compare.py's responses in headhunt's environment (the scorers of heads/ruler.py:
+"""Score compare.py's responses in headhunt's environment (the scorers of heads/inputs/ruler.py:
 needles by ROUGE-1 recall of the answer, RULER-like tasks by the share of answers found) and
 write the table (CSV and Markdown) and a plotly figure.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headhunt.heads.ruler import TaskTrial
+from headhunt.heads.inputs.ruler import TaskTrial
 
 NAMES = {
     "none": "no compression",

@@ -59,7 +59,7 @@ class AblateConfig(DecodeBatch, NeedleTrials):
                 f"{source.path / 'manifest.json'} does not say which model made the run (no "
                 "model n_layers/n_heads)"
             )
-        from headhunt.heads.pruning import all_tied
+        from headhunt.heads.interventions.pruning import all_tied
 
         values = source.scores().matrix("retrieval_score").ravel()  # a bad table fails now
         if all_tied(values):
@@ -75,7 +75,7 @@ class AblateConfig(DecodeBatch, NeedleTrials):
 
 def say_tied_cut(ctx, scores, top_k: int) -> None:
     """Say so when the last of the top-K heads are picked among heads of equal score."""
-    from headhunt.heads.pruning import tied_cut
+    from headhunt.heads.interventions.pruning import tied_cut
     from headhunt.heads.retrieval import METRIC
 
     values = scores.top(METRIC, len(scores.df))["value"].to_numpy()
@@ -112,7 +112,7 @@ run's). Writes ablation.json and the ranking used to scores.parquet."""
         }
 
     def run(self, model, config: AblateConfig, ctx):
-        from headhunt.heads.causal import AblationResult, MaskingCheck, needle_recall
+        from headhunt.heads.evaluations.causal import AblationResult, MaskingCheck, needle_recall
         from headhunt.heads.retrieval import METRIC, build_trials, stop_token_ids
 
         source = config.source()

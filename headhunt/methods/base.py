@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from headhunt.engine import ModelSpec, RunContext
-    from headhunt.heads.scores import HeadScores
     from headhunt.probes.hooked import HookedModel
     from headhunt.rundir import Run
+    from headhunt.scores import HeadScores
 
 # Method-specific dashboard panels (:attr:`Method.panels`): a view in headhunt/views of files
 # the run writes in the format the panel reads.

@@ -20,8 +20,8 @@ RECORDS = "records.jsonl"
 def read_heads(spec: str) -> list[tuple[int, int]]:
     """Heads from a heads.json (``{"heads": [[l, h], ...]}``), a text file of ``L-H`` pairs,
     or the pairs themselves (checked against the model later, by
-    :func:`headhunt.heads.scores.check_heads`)."""
-    from headhunt.heads.scores import parse_heads
+    :func:`headhunt.scores.check_heads`)."""
+    from headhunt.scores import parse_heads
 
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -64,7 +64,7 @@ Writes manifest.json, scores.parquet, records.jsonl, split.json, heads.json, res
 test_items.parquet and calibrate.html."""
 
     def prepare(self, config: CalibrateConfig) -> None:
-        from headhunt.heads.tasks import load_task, split_task
+        from headhunt.heads.inputs.tasks import load_task, split_task
 
         super().prepare(config)
         task = load_task(config.task)  # bad task files fail before the model loads
@@ -73,7 +73,7 @@ test_items.parquet and calibrate.html."""
             read_heads(config.heads)
 
     def parameters(self, config: CalibrateConfig, model: str) -> dict[str, Any]:
-        from headhunt.heads.tasks import load_task
+        from headhunt.heads.inputs.tasks import load_task
 
         task = load_task(config.task)
         return {
@@ -85,9 +85,9 @@ test_items.parquet and calibrate.html."""
         }
 
     def run(self, model, config: CalibrateConfig, ctx):
-        from headhunt.heads import calibrate as C
-        from headhunt.heads.scores import check_heads
-        from headhunt.heads.tasks import load_task, split_task
+        from headhunt.heads.evaluations import calibrate as C
+        from headhunt.heads.inputs.tasks import load_task, split_task
+        from headhunt.scores import check_heads
 
         task = load_task(config.task)
         split = split_task(
@@ -161,7 +161,7 @@ def _evaluator(model, enc, act, batch_size: int, ctx):
     calibrated, a record kept under its key (an interrupted search reuses it)."""
     from tqdm import tqdm
 
-    from headhunt.heads import calibrate as C
+    from headhunt.heads.evaluations import calibrate as C
 
     def evaluate(key: tuple, indices: list[int], heads, **extra) -> dict:
         def compute() -> dict:
@@ -185,7 +185,7 @@ def _candidates(model, enc, split, act, layers, config, ctx):
     and the candidate heads it ranks."""
     import numpy as np
 
-    from headhunt.heads import calibrate as C
+    from headhunt.heads.evaluations import calibrate as C
 
     def measure() -> dict:
         print("measuring movable sink mass on the calibration prompts ...")
@@ -255,7 +255,7 @@ def _write_tables(ctx, model, split, test_base, test_cal, screen, mass, chosen, 
     import numpy as np
     import pandas as pd
 
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     tables = []
     if mass is not None:

@@ -124,9 +124,9 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
     def run(self, model, config: CircuitsConfig, ctx):
         import numpy as np
 
-        from headhunt.heads.scores import HeadScores
         from headhunt.sae import activations, report
         from headhunt.sae.circuits import NODE_RULES, summarize
+        from headhunt.scores import HeadScores
 
         L, H = model.n_layers, model.n_heads
         params = numbers(config)
@@ -314,7 +314,7 @@ def _tables(model, sae_scores, eap_pairs, patch, truth) -> list:
     """Every per-head score of the run: the SAE's, EAP's and the patching ground truth's."""
     import numpy as np
 
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     def table(metric: str, values) -> HeadScores:
         shape = (model.n_layers, model.n_heads)
@@ -339,7 +339,7 @@ def _circuit(config: CircuitsConfig, ranking, rule_key: str, truth) -> dict[str,
     (default: as many as the ground truth has, else 10)."""
     import numpy as np
 
-    from headhunt.heads.pruning import tied_cut
+    from headhunt.heads.interventions.pruning import tied_cut
     from headhunt.sae import scoring
 
     if config.circuit_threshold is not None:

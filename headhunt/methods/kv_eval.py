@@ -50,8 +50,8 @@ scores.parquet."""
 
     def run(self, model, config: KVEvalConfig, ctx):
         from headhunt.export import ModelShape, check_scores, read_duo, read_scores
-        from headhunt.heads import kv_eval as kv
-        from headhunt.heads.scores import HeadScores
+        from headhunt.heads.evaluations import kv_eval as kv
+        from headhunt.scores import HeadScores
 
         shape = ModelShape.of(model.describe())
         scores = read_scores(config.scores, config.metric)[0] if config.scores else None

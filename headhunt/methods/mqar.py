@@ -74,7 +74,7 @@ class CellBuilder:
     (``trained``: its training config)."""
 
     def __init__(self, model, config: MQARConfig, trained=None):
-        from headhunt.heads.mqar_inputs import word_pools
+        from headhunt.heads.inputs.mqar_inputs import word_pools
 
         self.model, self.config, self.trained = model, config, trained
         self.pools = None if trained is not None else word_pools(model.tokenizer, seed=config.seed)
@@ -89,7 +89,12 @@ class CellBuilder:
         return (cfg.vocab_size - 1) // 2 if cfg.shared_vocab else cfg.vocab_size // 2 - 1
 
     def __call__(self, n_pairs: int, gap: int, n_examples: int, salt: int = 0):
-        from headhunt.heads.mqar_inputs import MQARSpec, generate_mqar, insert_gap, render_mqar
+        from headhunt.heads.inputs.mqar_inputs import (
+            MQARSpec,
+            generate_mqar,
+            insert_gap,
+            render_mqar,
+        )
 
         c = self.config
         seed = c.seed * 1_000_003 + 7919 * n_pairs + 31 * gap + salt
@@ -167,7 +172,7 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
     def run(self, model, config: MQARConfig, ctx):
         import torch
 
-        from headhunt.heads.causal import MaskingCheck
+        from headhunt.heads.evaluations.causal import MaskingCheck
         from headhunt.heads.mqar import RECALL_METRICS, MQARResult, recall_scores
 
         c = config
@@ -290,7 +295,7 @@ def _run_cells(model, c: MQARConfig, ctx, cells: CellBuilder, grid, heads_cell) 
 
 def _masked_accuracy(model, heads_cell, heads, c: MQARConfig) -> dict[str, Any]:
     """Accuracy on the heads cell with ``heads`` masked (one masking condition's record)."""
-    from headhunt.heads.masking import HeadMask
+    from headhunt.heads.interventions.masking import HeadMask
     from headhunt.heads.mqar import run_mqar
 
     hooks = [HeadMask(heads, c.mask_mode)]

@@ -14,15 +14,15 @@ from headhunt.methods.base import Method, print_table, read_jsonl, spread_frame
 
 def natural_texts(config: NgramConfig) -> list[str] | None:
     """The user's natural texts (None: the bundled essays, or no natural input)."""
-    from headhunt.heads.ngram_inputs import read_texts
+    from headhunt.heads.inputs.ngram_inputs import read_texts
 
     return read_texts(config.texts) if config.texts and "natural" in config.inputs else None
 
 
 def build_inputs(model, config: NgramConfig, texts: list[str] | None) -> dict:
     """The probe sequences of each requested kind (deterministic given the seed)."""
-    from headhunt.heads.needles import default_haystack_text
-    from headhunt.heads.ngram_inputs import (
+    from headhunt.heads.inputs.needles import default_haystack_text
+    from headhunt.heads.inputs.ngram_inputs import (
         natural_chunks,
         planted_kgrams,
         repeated_random,
@@ -114,7 +114,7 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
         from tqdm import tqdm
 
         from headhunt.heads.ngram import SeqRecord, plan_batches, score_sequences, summarize
-        from headhunt.heads.scores import HeadScores
+        from headhunt.scores import HeadScores
 
         inputs = build_inputs(model, config, natural_texts(config))
         # Whole batches are dealt over the ranks; a record keeps its sequence's index.

@@ -52,7 +52,7 @@ class PruneConfig(Ranking):
         if self.evaluate and self.scores is None:
             raise HeadhuntError("--evaluate compares rankings: give --scores RUN")
         if self.scores is not None:
-            from headhunt.heads.pruning import all_tied
+            from headhunt.heads.interventions.pruning import all_tied
 
             values = read_scores(self.scores, self.metric)[0].ravel()
             if all_tied(values) and self.tiebreak == "random":
@@ -70,7 +70,7 @@ class PruneConfig(Ranking):
             read_scores(path, metric)
 
     def evaluation(self):
-        from headhunt.heads.prune_eval import PruneEvalConfig
+        from headhunt.heads.evaluations.prune_eval import PruneEvalConfig
 
         keep = sorted({self.keep or 1.0, *(self.sweep or [])} - {1.0}, reverse=True)
         return PruneEvalConfig(
@@ -89,8 +89,8 @@ def say_tied_cut(ctx, scores, n_kv_heads: int | None, n_kept: int, config: Prune
     """Say so when the heads dropped are picked among heads of equal score (by the tie-break)."""
     import numpy as np
 
-    from headhunt.heads.kvcache import kv_scores
-    from headhunt.heads.pruning import tied_cut
+    from headhunt.heads.interventions.kvcache import kv_scores
+    from headhunt.heads.interventions.pruning import tied_cut
 
     units = scores if n_kv_heads is None else kv_scores(scores, n_kv_heads)
     group = 1 if n_kv_heads is None else scores.shape[1] // n_kv_heads
@@ -129,15 +129,15 @@ trials); writes prune_eval.csv."""
         import numpy as np
 
         from headhunt.export import ModelShape, check_scores, read_scores
-        from headhunt.heads import prune_eval as pe
-        from headhunt.heads.pruning import (
+        from headhunt.heads.evaluations import prune_eval as pe
+        from headhunt.heads.interventions.pruning import (
             fill_pruned_folder,
             heads_to_drop,
             model_size,
             prune_model,
             ranked_heads,
         )
-        from headhunt.heads.scores import HeadScores, parse_heads
+        from headhunt.scores import HeadScores, parse_heads
 
         shape = ModelShape.of(model.describe())
         scores = read_scores(config.scores, config.metric)[0] if config.scores else None

@@ -36,7 +36,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
     panels = frozenset({NEEDLE_TRIALS})
 
     def prepare(self, config: RetrievalConfig) -> None:
-        from headhunt.heads.needles import read_haystack
+        from headhunt.heads.inputs.needles import read_haystack
 
         super().prepare(config)
         read_haystack(config.haystack)  # a bad haystack fails before the model loads

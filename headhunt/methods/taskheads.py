@@ -56,7 +56,7 @@ class TaskHeadsConfig(MethodConfig):
         require(len(set(self.ks)) == len(self.ks), "--ks repeats a value")
 
     def load(self):
-        from headhunt.heads import task_inputs as T
+        from headhunt.heads.inputs import task_inputs as T
 
         if self.input:
             return T.read_examples(self.input)
@@ -117,7 +117,7 @@ taskheads.html."""
     }
 
     def run(self, model, config: TaskHeadsConfig, ctx):
-        from headhunt.heads.task_inputs import Encoder
+        from headhunt.heads.inputs.task_inputs import Encoder
 
         examples = config.load()
         encoder = Encoder(model.tokenizer, model.max_context)
@@ -202,7 +202,7 @@ class Plan:
         import numpy as np
         import torch
 
-        from headhunt.heads.causal import random_head_sets
+        from headhunt.heads.evaluations.causal import random_head_sets
         from headhunt.heads.taskheads import ExampleResult, head_matrices, top_heads
 
         self.model, self.config, self.encoded = model, config, {e.id: e for e in encoded}
@@ -235,8 +235,8 @@ class Plan:
     def run_conditions(self, ctx) -> None:
         from tqdm import tqdm
 
-        from headhunt.heads.task_ablation import ablation, answers_right
-        from headhunt.heads.task_inputs import closed_book_ids
+        from headhunt.heads.evaluations.task_ablation import ablation, answers_right
+        from headhunt.heads.inputs.task_inputs import closed_book_ids
 
         evals = [(self.encoded[r.id].ids, self.encoded[r.id].answer_start) for r in self.eval]
         closed = []
@@ -255,8 +255,8 @@ class Plan:
             })  # fmt: skip
 
     def finish(self, ctx, conditions):
-        from headhunt.heads.scores import HeadScores
         from headhunt.heads.taskheads import retrieval_table, top_heads
+        from headhunt.scores import HeadScores
 
         by = {c["name"]: c for c in conditions}
         table = ablation_table(by, self.config, self.ks)

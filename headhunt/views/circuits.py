@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import Run
+from headhunt.scores import HeadScores
 from headhunt.views.runs import read_scores
 
 

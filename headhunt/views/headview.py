@@ -200,7 +200,7 @@ def context_html(
 def haystack_prompt(model, n_tokens: int) -> list[int]:
     """``n_tokens`` tokens of the bundled haystack corpus (BOS first), repeated if needed: a
     long natural prompt to look at a head with."""
-    from headhunt.heads.needles import read_haystack
+    from headhunt.heads.inputs.needles import read_haystack
 
     if not 2 <= n_tokens <= model.max_context:
         raise HeadhuntError(f"choose 2 to {model.max_context} tokens for {model.name}")
@@ -213,7 +213,7 @@ def haystack_prompt(model, n_tokens: int) -> list[int]:
 def retrieval_trial_prompt(run, model, trial_id: str) -> tuple[list[int], tuple[int, int]]:
     """A retrieval run's trial rebuilt from the run's settings (its haystack and seed): the
     prompt's ids and the answer's span, checked against the span the run recorded."""
-    from headhunt.heads.needles import NEEDLES, TrialBuilder, read_haystack
+    from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder, read_haystack
     from headhunt.methods.base import read_jsonl
 
     record = next((r for r in read_jsonl(run.path / "trials.jsonl") if r["id"] == trial_id), None)

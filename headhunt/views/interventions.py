@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import Head
+from headhunt.scores import Head
 
 
 def needle_trial(
@@ -22,8 +22,8 @@ def needle_trial(
     haystack: str | None = None,
 ):
     """One needle-in-a-haystack prompt of exactly ``length`` tokens, built as the retrieval
-    analyzer builds its trials (a :class:`headhunt.heads.needles.Trial`)."""
-    from headhunt.heads.needles import NEEDLES, TrialBuilder, read_haystack
+    analyzer builds its trials (a :class:`headhunt.heads.inputs.needles.Trial`)."""
+    from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder, read_haystack
 
     if needle not in NEEDLES:
         raise HeadhuntError(f"unknown needle {needle!r} (choose from {', '.join(NEEDLES)})")
@@ -66,11 +66,11 @@ def answer_needle(
     act_beta: float = 0.4,
     max_new_tokens: int = 24,
 ) -> Answer:
-    """Greedy answer to ``trial`` with ``heads`` masked (:func:`headhunt.heads.masking.mask_heads`)
-    or calibrated (:func:`headhunt.heads.act.act_calibration`), or untouched (``how="none"``)."""
+    """Greedy answer to ``trial`` with ``heads`` masked (:func:`headhunt.heads.interventions.masking.mask_heads`)
+    or calibrated (:func:`headhunt.heads.interventions.act.act_calibration`), or untouched (``how="none"``)."""
     import torch
 
-    from headhunt.heads.needles import rouge1_recall
+    from headhunt.heads.inputs.needles import rouge1_recall
     from headhunt.heads.retrieval import stop_token_ids
     from headhunt.probes.capture import greedy_decode
 
@@ -95,12 +95,12 @@ def answer_needle(
 @contextlib.contextmanager
 def _intervention(model, heads: list[Head], how: str, mask_mode: str, act_beta: float):
     if how == "mask":
-        from headhunt.heads.masking import mask_heads
+        from headhunt.heads.interventions.masking import mask_heads
 
         with mask_heads(model, heads, mode=mask_mode):  # type: ignore[arg-type]
             yield
     elif how == "act":
-        from headhunt.heads.act import ActConfig, act_calibration
+        from headhunt.heads.interventions.act import ActConfig, act_calibration
 
         with act_calibration(model, heads, ActConfig(beta=act_beta)):
             yield
@@ -119,7 +119,7 @@ def compare_answers(
 
 def random_heads_like(model, heads: Sequence[Head], seed: int = 0) -> list[Head]:
     """As many random heads as ``heads``, none of them (the control of a masking check)."""
-    from headhunt.heads.causal import random_head_sets
+    from headhunt.heads.evaluations.causal import random_head_sets
 
     return random_head_sets(
         getattr(model, "attention_layers", model.n_layers),  # a hybrid: its attention layers

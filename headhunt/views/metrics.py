@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import COLUMNS, HeadScores
 from headhunt.methods import find
+from headhunt.scores import COLUMNS, HeadScores
 from headhunt.views.glossary import metric_info
 
 

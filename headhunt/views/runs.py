@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import HeadScores
 from headhunt.methods import find
 from headhunt.rundir import MANIFEST, SCORES, Run, find_runs, load_run
+from headhunt.scores import HeadScores
 
 HOW_TO_MAKE_A_RUN = (
     "make run  # or: headhunt retrieval --lengths 500 --depths 50 --out runs/retrieval"

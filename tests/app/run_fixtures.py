@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import RunDir
+from headhunt.scores import HeadScores
 
 L, H, KV = 2, 4, 2  # the tiny test model's shape, so on-demand views can run on it
 PLANTED = (1, 2)  # the head every synthetic run makes best
@@ -48,7 +48,7 @@ def _trial_span(spec: str, tid: str, depth: float) -> list[int]:
 
     from transformers import AutoTokenizer
 
-    from headhunt.heads.needles import NEEDLES, TrialBuilder, read_haystack
+    from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder, read_haystack
 
     tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
     builder = TrialBuilder(tok, read_haystack(None))

@@ -18,8 +18,8 @@ import pytest
 from test_browser import ARTIFACTS, CHROMIUM, chromium_page, free_port, keep_screenshot
 from test_browser import wait_healthy as wait_up
 
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import RunDir
+from headhunt.scores import HeadScores
 
 REPO = Path(__file__).resolve().parents[2]
 VIEW_128K = REPO / "benchmarks/results/head_view/head_view_llama8b_128k_h200.npz"
@@ -146,6 +146,9 @@ def test_settings_survive_leaving_the_page(smol_server):
     result computed under non-default ones)."""
     from playwright.sync_api import expect
 
+    # Each click reruns the Streamlit script; on a busy 2-core machine a rerun can take
+    # longer than playwright's 5 s default (the first full-suite run here failed on it).
+    expect.set_options(timeout=30_000)
     with chromium_page() as page:
         page.goto(f"{smol_server}/?page=Interventions&run=smol-sinks")
         sidebar = page.get_by_test_id("stSidebar")

@@ -11,8 +11,8 @@ import numpy as np
 from run_fixtures import PLANTED, retrieval_run
 from test_pages import clean, goto, start
 
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import RunDir
+from headhunt.scores import HeadScores
 
 
 def test_intervention_and_head_detail_settings_survive_another_page(monkeypatch, runs_root):

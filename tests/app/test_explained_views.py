@@ -213,8 +213,8 @@ def test_a_probe_run_draws_whole_layer_probes_per_layer_and_head_probes_as_a_map
     import pandas as pd
     from run_fixtures import KV, H, L, _model
 
-    from headhunt.heads.scores import HeadScores
     from headhunt.rundir import RunDir
+    from headhunt.scores import HeadScores
 
     run = RunDir.open(tmp_path / "runs" / "probe", "probe", parameters={"target": "mqar"})
     layers = pd.DataFrame(

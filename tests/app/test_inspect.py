@@ -11,7 +11,7 @@ from run_fixtures import PLANTED, make_runs, ngram_run, retrieval_run
 
 from headhunt import inspect as hi
 from headhunt.errors import HeadhuntError
-from headhunt.heads.masking import HeadMask
+from headhunt.heads.interventions.masking import HeadMask
 from headhunt.heads.retrieval import stop_token_ids
 from headhunt.probes.capture import greedy_decode
 from headhunt.probes.tiny import tiny_llama

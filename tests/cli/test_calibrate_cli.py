@@ -35,7 +35,7 @@ def test_calibrate_run_resume_and_saved_heads(tiny_folder, tmp_path, capsys, mon
 
     # Interrupt the run at its third evaluation: the sink-mass record and two finished
     # evaluations are kept in records.jsonl.
-    from headhunt.heads import calibrate as C
+    from headhunt.heads.evaluations import calibrate as C
 
     real, calls = C.evaluate, []
 

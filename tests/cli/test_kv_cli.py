@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from headhunt.cli import main
-from headhunt.heads.scores import HeadScores
 from headhunt.rundir import RunDir
+from headhunt.scores import HeadScores
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def scores_run(tmp_path_factory):
 
 
 def test_prune_writes_a_reloadable_smaller_model(tiny_folder, scores_run, tmp_path, capsys):
-    from headhunt.heads.masking import mask_heads
-    from headhunt.heads.pruning import load_pruned_model
+    from headhunt.heads.interventions.masking import mask_heads
+    from headhunt.heads.interventions.pruning import load_pruned_model
     from headhunt.probes.hooked import load_model
 
     out = tmp_path / "prune"

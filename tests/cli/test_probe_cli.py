@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from headhunt.cli import main
-from headhunt.heads.scores import HeadScores
 from headhunt.probes.states import StateStore
+from headhunt.scores import HeadScores
 
 NGRAM = ["--target", "ngram", "--texts", "24", "--length", "30", "--grid", "0.01,1"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from headhunt.heads.masking import mask_heads
+from headhunt.heads.interventions.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.capture import capture_stats_and_counts, greedy_decode
 

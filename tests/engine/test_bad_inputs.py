@@ -139,7 +139,7 @@ ROWS = [
 
 def _layout(tmp_path):
     """The files the rows name."""
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(bytes(range(128, 256)) * 4)

@@ -183,7 +183,7 @@ def test_help_of_a_no_flag_says_what_it_does_not_a_default():
 KNOWN_PAIRS = {
     "headhunt.sae.discrete.SAEConfig": "the SAE's own hyperparameters, built per trial by "
     "CircuitConfig.sae_config",
-    "headhunt.heads.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
+    "headhunt.heads.evaluations.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
     "(plus --sweep); the library's keep is the list of shares measured",
     "headhunt.probes.linear.ProbeConfig": "probe's --task auto and --controls none are resolved "
     "from the target before the prober's config is made",
@@ -205,8 +205,8 @@ def library_pairs() -> dict[str, str]:
     method_fields = {n: {f.name for f in fields(get(n).Config)} - {"seed"} for n in METHODS}
     found = {}
     for package in (headhunt.heads, headhunt.sae, headhunt.probes):
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
             for name, obj in vars(module).items():
                 if not (
                     isinstance(obj, type)
@@ -232,7 +232,7 @@ def test_the_known_pairs_are_still_pairs():
 
 
 def test_the_pair_check_sees_a_planted_library_config(monkeypatch):
-    import headhunt.heads.needles as needles
+    import headhunt.heads.inputs.needles as needles
 
     @dataclass
     class PlantedConfig:  # sinks' analysis settings, declared again in the library
@@ -243,4 +243,4 @@ def test_the_pair_check_sees_a_planted_library_config(monkeypatch):
 
     PlantedConfig.__module__ = needles.__name__
     monkeypatch.setattr(needles, "PlantedConfig", PlantedConfig, raising=False)
-    assert library_pairs()["headhunt.heads.needles.PlantedConfig"] == "sinks"
+    assert library_pairs()["headhunt.heads.inputs.needles.PlantedConfig"] == "sinks"

@@ -45,7 +45,7 @@ class Toy(Method):
     glossary = {"toy_focus": MetricInfo("made-up focus of a head, mean over texts", "share")}
 
     def run(self, model, config: ToyConfig, ctx):
-        from headhunt.heads.scores import HeadScores
+        from headhunt.scores import HeadScores
 
         grid = np.arange(model.n_layers * model.n_heads).reshape(model.n_layers, model.n_heads)
         plan = list(range(config.n_texts))

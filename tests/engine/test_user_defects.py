@@ -125,7 +125,7 @@ def test_tables_in_a_log_are_not_cut_to_80_columns(capsys):
 
 
 def test_kvpress_export_refuses_a_full_fraction_outside_0_1(tmp_path, capsys):
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     run = tmp_path / "run"
     run.mkdir()
@@ -183,7 +183,7 @@ def test_an_encoder_is_refused_in_one_line_at_load(tmp_path, capsys):
 
 
 def _tied_run(tmp_path, values) -> str:
-    from headhunt.heads.scores import HeadScores
+    from headhunt.scores import HeadScores
 
     run = tmp_path / "tied"
     run.mkdir()
@@ -208,7 +208,7 @@ def test_a_ranking_made_only_of_ties_is_refused_before_the_model_loads(tmp_path,
 
 
 def test_a_cut_inside_equal_scores_is_said():
-    from headhunt.heads.pruning import all_tied, tied_cut
+    from headhunt.heads.interventions.pruning import all_tied, tied_cut
 
     assert tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2) == tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2)
     cut = tied_cut([0.9, 0.5, 0.5, 0.5, 0.1], 2)
@@ -219,10 +219,10 @@ def test_a_cut_inside_equal_scores_is_said():
 
 
 def test_prune_and_ablate_say_when_their_cut_falls_among_ties():
-    from headhunt.heads.scores import HeadScores
     from headhunt.methods.ablate import say_tied_cut as ablate_says
     from headhunt.methods.prune import PruneConfig
     from headhunt.methods.prune import say_tied_cut as prune_says
+    from headhunt.scores import HeadScores
 
     said = []
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.act import (
+from headhunt.heads.interventions.act import (
     ActConfig,
     act_calibration,
     calibrate_rows,
@@ -197,7 +197,7 @@ def test_embedded_model_prefill_equals_decode(smol):
 
 
 def test_padding_mask_is_refused_causal_mask_accepted():
-    from headhunt.heads.act import ActHook
+    from headhunt.heads.interventions.act import ActHook
     from headhunt.probes.attention import AttentionCall
 
     g = torch.Generator().manual_seed(0)
@@ -213,7 +213,7 @@ def test_padding_mask_is_refused_causal_mask_accepted():
 
 
 def test_sliding_window_and_sinks_are_refused():
-    from headhunt.heads.act import ActHook
+    from headhunt.heads.interventions.act import ActHook
     from headhunt.probes.attention import AttentionCall
 
     g = torch.Generator().manual_seed(0)

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.act import ActConfig
-from headhunt.heads.calibrate import (
+from headhunt.heads.evaluations.calibrate import (
     CalibrateConfig,
     encode_task,
     evaluate,
@@ -22,12 +21,13 @@ from headhunt.heads.calibrate import (
     rank_candidates,
     search_heads,
 )
-from headhunt.heads.tasks import (
+from headhunt.heads.inputs.tasks import (
     bundled_tasks,
     load_task,
     split_task,
     write_bundled,
 )
+from headhunt.heads.interventions.act import ActConfig
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

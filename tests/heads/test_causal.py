@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.causal import MaskingCheck, random_head_sets
+from headhunt.heads.evaluations.causal import MaskingCheck, random_head_sets
 
 MODEL = SimpleNamespace(n_layers=3, n_heads=4)  # the check reads only the model's shape
 PLANTED = [(1, 2), (2, 0)]

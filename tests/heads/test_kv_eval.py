@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from headhunt.heads.kv_eval import (
+from headhunt.heads.evaluations.kv_eval import (
     FULL,
     STREAMING,
     KVEvalConfig,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.kvcache import (
+from headhunt.heads.interventions.kvcache import (
     KVPlan,
     StreamingHeads,
     generate_with_plan,

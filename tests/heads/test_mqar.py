@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.causal import random_head_sets
+from headhunt.heads.evaluations.causal import random_head_sets
+from headhunt.heads.inputs.ngram_inputs import repeated_random, token_pool
 from headhunt.heads.mqar import (
     MQARSpec,
     WordPools,
@@ -23,7 +24,6 @@ from headhunt.heads.mqar import (
     score_recall_heads,
 )
 from headhunt.heads.ngram import score_ngrams
-from headhunt.heads.ngram_inputs import repeated_random, token_pool
 from headhunt.probes.capture import capture_qk
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mqar"

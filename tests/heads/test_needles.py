@@ -9,7 +9,7 @@ import random
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.needles import NEEDLES, TrialBuilder
+from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder
 
 CHINESE = "今天的天气很好，我们去公园散步。小猫在树下睡觉。老师在教室里讲故事！你明天会来吗？"
 SHIFT = 0.5  # needles.MAX_SENTENCE_SHIFT (literal, so the test also runs on older code)

@@ -8,6 +8,12 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.inputs.ngram_inputs import (
+    natural_chunks,
+    planted_kgrams,
+    repeated_random,
+    token_pool,
+)
 from headhunt.heads.ngram import (
     NgramConfig,
     dense_reference,
@@ -16,12 +22,6 @@ from headhunt.heads.ngram import (
     score_ngrams,
     score_sequences,
     summarize,
-)
-from headhunt.heads.ngram_inputs import (
-    natural_chunks,
-    planted_kgrams,
-    repeated_random,
-    token_pool,
 )
 from headhunt.heads.static_ngram import plant_static_ngram_heads, static_ngram_pattern
 from headhunt.probes.capture import capture_qk

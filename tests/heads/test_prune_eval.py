@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from headhunt.heads.prune_eval import PruneEvalConfig, largest_budget_within, prune_sweep, summarize
+from headhunt.heads.evaluations.prune_eval import (
+    PruneEvalConfig,
+    largest_budget_within,
+    prune_sweep,
+    summarize,
+)
 from headhunt.probes.tiny import tiny_llama
 
 
@@ -66,8 +71,8 @@ def test_kv_unit_pruning_of_silenced_groups_keeps_everything_and_shrinks():
 
 
 def test_masking_effect_is_zero_for_silenced_heads_and_breaks_ties():
-    from headhunt.heads.prune_eval import masking_effect, needle_trials
-    from headhunt.heads.pruning import ranked_heads
+    from headhunt.heads.evaluations.prune_eval import masking_effect, needle_trials
+    from headhunt.heads.interventions.pruning import ranked_heads
 
     model = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2)
     hd = model.head_dim

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.masking import mask_heads
-from headhunt.heads.pruning import (
+from headhunt.heads.interventions.masking import mask_heads
+from headhunt.heads.interventions.pruning import (
     heads_to_drop,
     is_pruned_folder,
     load_pruned_model,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from headhunt.heads.needles import MAGIC, NEEDLES
+from headhunt.heads.inputs.needles import MAGIC, NEEDLES
 from headhunt.heads.retrieval import (
     RetrievalConfig,
     aggregate,

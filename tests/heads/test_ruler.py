@@ -3,8 +3,8 @@
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.needles import default_haystack_text
-from headhunt.heads.ruler import TASKS, TaskTrial, build_ruler
+from headhunt.heads.inputs.needles import default_haystack_text
+from headhunt.heads.inputs.ruler import TASKS, TaskTrial, build_ruler
 from headhunt.probes.tiny import word_tokenizer
 
 
@@ -42,7 +42,7 @@ def _gpt2_like():
 
     hay = default_haystack_text()
     words = sorted(set(re.findall(r"[A-Za-z]+", hay)))
-    from headhunt.heads.needles import CITIES
+    from headhunt.heads.inputs.needles import CITIES
 
     extra = words + CITIES + list(string.ascii_uppercase) + ["VAR", "="]
     return word_tokenizer(extra_words=extra)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import HeadScores, check_heads, parse_heads
+from headhunt.scores import HeadScores, check_heads, parse_heads
 
 
 def test_matrix_round_trip_and_gqa_kv_heads():

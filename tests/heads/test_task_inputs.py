@@ -8,7 +8,7 @@ import json
 import pytest
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads import task_inputs as T
+from headhunt.heads.inputs import task_inputs as T
 from headhunt.probes.tiny import word_tokenizer
 
 GOOD = {"context": ["the code is blue .", "it was a sunny day ."], "question": "what is the code ?",

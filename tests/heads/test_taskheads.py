@@ -10,8 +10,8 @@ import torch
 
 import headhunt as hh
 from headhunt.heads import taskheads as T
-from headhunt.heads.task_ablation import answers_right
-from headhunt.heads.task_inputs import Encoder, Example
+from headhunt.heads.evaluations.task_ablation import answers_right
+from headhunt.heads.inputs.task_inputs import Encoder, Example
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.tiny import tiny_causal_lm, tiny_llama, word_tokenizer
@@ -101,7 +101,7 @@ def test_planted_heads_rank_first_on_every_detector(planted):
 
 
 def test_ablating_the_copier_collapses_the_task_and_others_do_not(planted):
-    from headhunt.heads.task_ablation import ablation
+    from headhunt.heads.evaluations.task_ablation import ablation
 
     m, encoded = planted
     seqs = [(e.ids, e.answer_start) for e in encoded]

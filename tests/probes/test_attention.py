@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headhunt.heads.masking import mask_heads
+from headhunt.heads.interventions.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.capture import capture_qk, greedy_decode
 

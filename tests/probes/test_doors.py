@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headhunt.heads.masking import mask_heads
+from headhunt.heads.interventions.masking import mask_heads
 from headhunt.kernels import attention_probs_at
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.capture import capture_attention_stats, capture_qk

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.masking import mask_heads
+from headhunt.heads.interventions.masking import mask_heads
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.tiny import tiny_causal_lm

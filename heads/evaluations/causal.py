@@ -13,11 +13,11 @@ import torch
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.masking import HeadMask, MaskMode
-from headhunt.heads.needles import Trial, rouge1_recall
-from headhunt.heads.scores import Head, check_heads
+from headhunt.heads.inputs.needles import Trial, rouge1_recall
+from headhunt.heads.interventions.masking import HeadMask, MaskMode
 from headhunt.probes.capture import greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import Head, check_heads
 
 T = TypeVar("T")
 

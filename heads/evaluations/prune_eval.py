@@ -1,6 +1,6 @@
 """Is a head ranking a good pruning order? Prune by it, by its reverse and at random, and measure.
 
-For each kept fraction, the model is pruned for real (:func:`headhunt.heads.pruning.prune_model`
+For each kept fraction, the model is pruned for real (:func:`headhunt.heads.interventions.pruning.prune_model`
 on a copy) keeping the top of the ranking, the bottom (reverse ranking) or random heads (several
 draws), and each pruned model is measured: parameters and their bytes, KV-cache bytes per
 token, median prefill seconds, perplexity on windows of the bundled essays, and needle recall
@@ -21,10 +21,10 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.causal import needle_recall
-from headhunt.heads.masking import HeadMask
-from headhunt.heads.needles import read_haystack
-from headhunt.heads.pruning import (
+from headhunt.heads.evaluations.causal import needle_recall
+from headhunt.heads.inputs.needles import read_haystack
+from headhunt.heads.interventions.masking import HeadMask
+from headhunt.heads.interventions.pruning import (
     Head,
     heads_to_drop,
     model_size,

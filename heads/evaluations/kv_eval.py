@@ -2,9 +2,9 @@
 
 For each ranking of the KV heads (headhunt's scores, their reverse, random rankings, a
 DuoAttention pattern) and each fraction f of full KV heads, the top f of the ranking keep the
-full cache and the rest become streaming heads (:mod:`headhunt.heads.kvcache`: sink + recent
+full cache and the rest become streaming heads (:mod:`headhunt.heads.interventions.kvcache`: sink + recent
 tokens, their cache really that small). Every condition answers the same trials (needles and
-the RULER-like set of :mod:`headhunt.heads.ruler`) by greedy decoding; a trial's score is its
+the RULER-like set of :mod:`headhunt.heads.inputs.ruler`) by greedy decoding; a trial's score is its
 task's score; the KV memory is the bytes the cache holds at the end of each batch, divided by
 the batch size. Fraction 0 (all streaming) and 1 (the unmodified model with transformers'
 DynamicCache) are the same for every ranking and run once.
@@ -22,21 +22,21 @@ from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.configs import KVEvalConfig
-from headhunt.heads.kvcache import (
+from headhunt.heads.inputs.needles import read_haystack
+from headhunt.heads.inputs.ruler import MAX_NEW_TOKENS, TaskTrial, build_ruler, from_needles
+from headhunt.heads.interventions.kvcache import (
     generate_with_plan,
     kv_scores,
     plan_from_ranking,
     random_ranking,
     rank_kv_heads,
 )
-from headhunt.heads.needles import read_haystack
 from headhunt.heads.retrieval import (
     FRESH_SEED_OFFSET,
     RetrievalConfig,
     build_trials,
     stop_token_ids,
 )
-from headhunt.heads.ruler import MAX_NEW_TOKENS, TaskTrial, build_ruler, from_needles
 from headhunt.probes.capture import responses
 from headhunt.probes.hooked import HookedModel
 

@@ -12,7 +12,7 @@ prediction is the argmax, at the last position, over the logits of the first tok
 (multiple choice). Labels must start with distinct tokens.
 
 Bundled tasks (``heads/data/tasks/*.jsonl``) were generated for this project by
-:func:`write_bundled` (``python -m headhunt.heads.tasks DIR``) from hand-written templates and
+:func:`write_bundled` (``python -m headhunt.heads.inputs.tasks DIR``) from hand-written templates and
 word lists with verifiable answers; no third-party data set is used.
 """
 
@@ -504,6 +504,6 @@ def write_bundled(folder: str | os.PathLike) -> list[Path]:
 if __name__ == "__main__":
     import sys
 
-    target = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent / "data" / "tasks")
+    target = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parents[1] / "data" / "tasks")
     for p in write_bundled(target):
         print(p)

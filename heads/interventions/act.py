@@ -41,9 +41,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import Head, check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import Head, check_heads
 
 
 @dataclass

@@ -338,9 +338,9 @@ def key_value(n: int, pairs: int, seed: int) -> list[Example]:
 
 
 def needle(n: int, words: int, seed: int, haystack: str) -> list[Example]:
-    """The retrieval method's needles (:data:`headhunt.heads.needles.NEEDLES`) in one essay
+    """The retrieval method's needles (:data:`headhunt.heads.inputs.needles.NEEDLES`) in one essay
     stretch of about ``words`` words, at a uniform depth."""
-    from headhunt.heads.needles import NEEDLES
+    from headhunt.heads.inputs.needles import NEEDLES
 
     sents = _sentences(haystack)
     names = sorted(NEEDLES)
@@ -355,7 +355,7 @@ def needle(n: int, words: int, seed: int, haystack: str) -> list[Example]:
 
 def bundled(task: str, n: int, docs: int, words: int, seed: int) -> list[Example]:
     """``n`` examples of a bundled task (see :data:`TASKS`)."""
-    from headhunt.heads.needles import default_haystack_text
+    from headhunt.heads.inputs.needles import default_haystack_text
 
     if task == "multidoc":
         return multidoc(n, docs, words, seed, default_haystack_text())

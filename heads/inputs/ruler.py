@@ -12,7 +12,7 @@ expected strings found in the response, case-insensitive):
 - ``cwe`` (common words): a numbered list of words from the haystack's vocabulary where three
   words appear many times and the rest once; the answer is the three common words.
 
-Needle-in-a-haystack trials from :mod:`headhunt.heads.needles` join the set as task
+Needle-in-a-haystack trials from :mod:`headhunt.heads.inputs.needles` join the set as task
 ``needle``, scored by ROUGE-1 recall of the answer as in :mod:`headhunt.heads.retrieval`.
 """
 
@@ -24,7 +24,7 @@ import string
 from dataclasses import dataclass
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.needles import CITIES, Trial, TrialBuilder, rouge1_recall
+from headhunt.heads.inputs.needles import CITIES, Trial, TrialBuilder, rouge1_recall
 
 TASKS = ("mk_niah", "mv_niah", "vt", "cwe")
 # Decoding budget per task: long enough for every expected string of the task.

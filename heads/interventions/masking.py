@@ -10,9 +10,9 @@ from typing import Literal
 import torch
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.scores import check_heads
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import check_heads
 
 MaskMode = Literal["query", "output"]
 

@@ -215,7 +215,7 @@ def word_pools(
     Raises:
         HeadhuntError: the text has too few single-token words (fewer than 4 pools of 2).
     """
-    from headhunt.heads.needles import default_haystack_text
+    from headhunt.heads.inputs.needles import default_haystack_text
 
     found = re.findall(r"[A-Za-z]{3,}", text or default_haystack_text())
     words = sorted({w.lower() for w in found})

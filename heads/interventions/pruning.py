@@ -31,8 +31,7 @@ import torch
 from jaxtyping import Float
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.kvcache import kv_scores
-from headhunt.heads.scores import Head, check_heads
+from headhunt.heads.interventions.kvcache import kv_scores
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.pruned import (  # noqa: F401 (is_pruned_folder, load_pruned: re-exported)
     CONFIG_KEY,
@@ -42,6 +41,7 @@ from headhunt.probes.pruned import (  # noqa: F401 (is_pruned_folder, load_prune
     is_pruned_folder,
     load_pruned,
 )
+from headhunt.scores import Head, check_heads
 
 
 def ranked_heads(

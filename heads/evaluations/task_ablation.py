@@ -1,7 +1,7 @@
 """The causal check of task heads: ablate a detector's top-k heads and measure task accuracy.
 
 Two ablations of a head's output (before the output projection, at every position):
-``zero`` (the output is 0: :class:`headhunt.heads.masking.HeadMask` in "output" mode) and
+``zero`` (the output is 0: :class:`headhunt.heads.interventions.masking.HeadMask` in "output" mode) and
 ``mean`` (the output is replaced by its mean over every position of a reference set of the
 same task, as LOCOS does). Accuracy is greedy exact match of the gold answer, read from one
 teacher-forced pass (the answer is reproduced by greedy decoding exactly when every answer
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from headhunt.heads.masking import HeadMask
+from headhunt.heads.interventions.masking import HeadMask
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
 

@@ -28,11 +28,11 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.act import ActConfig, act_calibration
 from headhunt.heads.configs import CalibrateConfig  # noqa: F401  (its config)
-from headhunt.heads.scores import Head
-from headhunt.heads.tasks import Task
+from headhunt.heads.inputs.tasks import Task
+from headhunt.heads.interventions.act import ActConfig, act_calibration
 from headhunt.probes.hooked import HookedModel
+from headhunt.scores import Head
 
 
 @dataclass

@@ -1,0 +1,2 @@
+"""Input builders: prompts, task items and token sequences. Plain data: nothing here runs a
+model."""

@@ -1,0 +1,1 @@
+"""Interventions on a model's heads: masking, ACT, structural and KV-cache pruning."""
