@@ -143,16 +143,17 @@ def test_interrupted_capture_resumes_at_the_unfinished_shard(tiny, tmp_path, mon
     assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000", "shard-00001"]
     with pytest.raises(HeadhuntError, match="missing"):
         StateStore.open(out)
-    # A shard cut short by a crash leaves a .tmp folder: it is discarded and redone.
-    (out / "shard-00002.tmp").mkdir()
-    (out / "shard-00002.tmp" / "resid-L00.npy").write_bytes(b"garbage")
+    # A shard cut short by a crash leaves its temporary folder (the atomic writer's
+    # ``.shard-XXXXX.tmp``): it is discarded and redone.
+    (out / ".shard-00002.tmp").mkdir()
+    (out / ".shard-00002.tmp" / "resid-L00.npy").write_bytes(b"garbage")
     calls.clear()
     monkeypatch.setattr(
         states, "_capture_shard", lambda *a, **k: (calls.append(a[3]), real(*a, **k))
     )
     store = capture_states(tiny, items, out, cfg, progress=False)
     assert calls == [6, 9]  # only the two unfinished shards ran
-    assert not (out / "shard-00002.tmp").exists()
+    assert not (out / ".shard-00002.tmp").exists()
     for L in store.layers:
         np.testing.assert_array_equal(store.layer(L), full.layer(L))
     assert {k: v.tolist() for k, v in store.rows().items()} == {
