@@ -64,6 +64,10 @@ def case_argv(method: str, model: Path, data: Path) -> list[str]:
         return ["probe", *common, "--target", "jsonl", "--data", str(data / "probe.jsonl"),
                 "--folds", "2", "--grid", "0.1,1", "--heads", "--shard-size", "4",
                 "--drop-states"]  # fmt: skip
+    if method == "taskheads":
+        return ["taskheads", *common, "--input", str(data / "taskheads.jsonl"),
+                "--score-examples", "2", "--ks", "1", "--modes", "mean", "--random-draws",
+                "1"]  # fmt: skip
     return ["circuits", *common, "--task-file", str(data / "pairs.jsonl"), "--truth-top", "2",
             "--trials", "3", "--epochs", "30", "--batch-size", "4", "--no-progress",
             "--no-png"]  # fmt: skip
@@ -101,6 +105,13 @@ def data(tmp_path_factory, tiny_folder, rank_every_head) -> Path:
         for i, thing in enumerate(THINGS + THINGS[::-1])
     ]
     (folder / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    docs = ["it was a sunny day in the park .", "the city is by the gate ."]
+    examples = [
+        {"context": [f"the secret word is {c[0]} .", *docs], "question": "what is the secret word ?",
+         "answer": c[0], "lead": "the secret word is"}
+        for c in COLOURS
+    ]  # fmt: skip
+    (folder / "taskheads.jsonl").write_text("".join(json.dumps(r) + "\n" for r in examples))
     return folder
 
 
@@ -169,6 +180,7 @@ def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
         "ablate",
         "calibrate",
         "prune",
+        "taskheads",
     ],  # fmt: skip
 )
 def test_kill_9_then_resume_gives_the_uninterrupted_run(method, tiny_folder, data, tmp_path):
