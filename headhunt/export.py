@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
+from headhunt.atomic import write_atomic, write_file
 from headhunt.errors import HeadhuntError
 from headhunt.heads.interventions.kvcache import kv_scores, rank_kv_heads
 from headhunt.kvbudget import (
@@ -124,7 +125,8 @@ def write_duo(
     values = duo_values(matrix, shape.n_kv_heads, full_fraction, seed)
     folder.mkdir(parents=True, exist_ok=True)
     heads = folder / DUO_HEADS
-    np.savetxt(heads, values, fmt="%.18e", delimiter="\t")  # as DuoAttention saves it
+    # As DuoAttention saves it.
+    write_atomic(heads, lambda tmp: np.savetxt(tmp, values, fmt="%.18e", delimiter="\t"))
     config = {
         "sink_size": int(sink),
         "recent_size": int(recent),
@@ -143,7 +145,7 @@ def write_duo(
         "headhunt": provenance or {},
     }
     cfg = folder / DUO_CONFIG
-    cfg.write_text(json.dumps(config, indent=2) + "\n")
+    write_file(cfg, json.dumps(config, indent=2) + "\n")
     return [heads, cfg]
 
 
@@ -193,14 +195,15 @@ def write_kvpress(
     )
     ratio = 0.5 if full_fraction is None else 1 - full_fraction
     readme = folder / "README.md"
-    readme.write_text(
+    write_file(
+        readme,
         KVPRESS_README.format(
             folder=folder,
             ratio=f"{ratio:g}",
             n=shape.n_layers * shape.n_kv_heads,
             sink=sink,
             recent=recent,
-        )
+        ),
     )
     if context < 1:
         raise HeadhuntError(f"--context {context} must be a positive token count")
@@ -288,11 +291,11 @@ def write_curve_format(
     )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    np.save(path, array, allow_pickle=False)
+    write_atomic(path, lambda tmp: _save_npy(tmp, array))
     text = readme.format(
         file=name, folder=folder, layers=shape.n_layers, kv=shape.n_kv_heads, floor=floor
     )
-    (folder / "README.md").write_text(text)
+    write_file(folder / "README.md", text)
     info = {"format": fmt, "shape": list(array.shape), "floor": floor, "headhunt": provenance}
     if fmt == "lukv":
         info["mean_prune_ratio_per_row"] = [round(float(r.mean()), 6) for r in array]
@@ -301,7 +304,12 @@ def write_curve_format(
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_file(path, json.dumps(data, indent=2) + "\n")
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:  # np.save would add ".npy" to a temporary's name
+        np.save(f, array, allow_pickle=False)
 
 
 def write_headkv(
@@ -329,12 +337,13 @@ def write_headkv(
         for layer in range(shape.n_layers)
         for head in range(shape.n_heads)
     }
-    path.write_text(json.dumps(data) + "\n")  # HeadKV reads the first line only
+    write_file(path, json.dumps(data) + "\n")  # HeadKV reads the first line only
     share = matrix / matrix.sum()
     pool = (base_capacity // beta) * shape.n_layers * shape.n_heads
     capacity = np.round(share * pool + base_capacity - base_capacity // beta).astype(int)
     budget = folder / "budget.json"
-    budget.write_text(
+    write_file(
+        budget,
         json.dumps(
             {
                 "formula": "capacity = round(share * (base // beta) * layers * heads + base - "
@@ -351,7 +360,7 @@ def write_headkv(
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     return [path, budget]
 
