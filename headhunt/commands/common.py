@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,11 +14,14 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows every value's default; a flag that takes no value (``--resume``,
-    ``--no-bos``) says what giving it does, not the default of what it sets."""
+    """--help shows a value's default once: a flag that takes no value (``--resume``,
+    ``--no-bos``) says what giving it does, not the default of what it sets; an option whose
+    default is None (nothing given) or whose help already says what the default is or that
+    it is required gets no "(default: ...)" appended."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.nargs == 0:
+        text = action.help or ""
+        if action.nargs == 0 or action.default is None or re.search(r"default|required", text):
             return action.help
         return super()._get_help_string(action)
 

@@ -177,6 +177,25 @@ def test_help_of_a_no_flag_says_what_it_does_not_a_default():
     assert "(default: 24)" in _flag_help("retrieval", "--max-new-tokens")
 
 
+def test_help_states_each_default_once_and_never_none_or_a_bool():
+    """Issue 29: "(default: None)" after "(default: bundled essays)" or "(required)", and
+    "(default: False)" on a flag, read wrong; every command's every option is checked."""
+    commands = build_parser()._subparsers._group_actions[0].choices
+    checked = 0
+    for name, sub in commands.items():
+        for action in sub._actions:
+            if not action.option_strings or action.help is None:
+                continue
+            text = " ".join(sub._get_formatter()._format_action(action).split())
+            for wrong in ("(default: None)", "(default: False)", "(default: True)"):
+                assert wrong not in text, f"{name}: {text}"
+            assert text.count("default") <= 1, f"{name}: {text}"
+            checked += 1
+    assert checked > 200
+    assert "(default: bundled essays)" in _flag_help("retrieval", "--haystack")
+    assert "required" in _flag_help("ablate", "--scores")
+
+
 # Library configs that still declare a method config's fields a second time (four or more
 # shared names: a second declaration of one config, not a shared word), each with why it is
 # not merged yet. The list only shrinks (the test after next).
