@@ -13,7 +13,7 @@ method subcommands call the same :func:`execute`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from headhunt.distributed import Dist
     from headhunt.methods.base import Method, MethodConfig
     from headhunt.probes.hooked import HookedModel
+    from headhunt.progress import UnitProgress
     from headhunt.rundir import Run, RunDir
 
 T = TypeVar("T")
@@ -60,13 +61,17 @@ class RunContext:
     group, and the run's timings and manifest extras.
 
     Units of work: take this rank's share of the plan that is not done yet with :meth:`todo`,
-    save each finished unit with :meth:`append`, then :meth:`collect` (every rank waits there;
-    rank 0 gets every record in plan order, the others None and return).
+    iterate over it with :meth:`units` (the cost said after the first unit, time left in the
+    progress bar), save each finished unit with :meth:`append`, then :meth:`collect` (every
+    rank waits there; rank 0 gets every record in plan order, the others None and return).
     """
 
     run_dir: RunDir
     dist: Dist
     progress: bool = True
+    method: str = ""  # names the run in its cost line
+    device: str = ""  # where it computes ("cpu", "cuda"), said with the estimate
+    clock: Callable[[], float] | None = None  # the units' timer (None: headhunt.progress.CLOCK)
     timings: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     _recorded: dict[str, dict] = field(default_factory=dict, repr=False)
@@ -115,6 +120,40 @@ class RunContext:
         run was interrupted), less the units whose ``key`` is done."""
         done = set(done)
         return [u for u in self.dist.share(plan) if not done or key(u) not in done]
+
+    def units(
+        self,
+        todo: Sequence[T],
+        what: str = "unit",
+        *,
+        weight: Callable[[T], float] | None = None,
+        count: Callable[[T], int] | None = None,
+        stage: Callable[[T], Hashable] | None = None,
+        stage_unit: str = "",
+        done_before: int = 0,
+        bar: bool = True,
+    ) -> UnitProgress[T]:
+        """Iterate over this rank's units (from :meth:`todo`) with the cost said up front:
+        after the first unit, one line with the items, the stages and the expected time on
+        this device from the first unit's measured seconds (per ``weight``: uneven units such
+        as decoding batches of different lengths weigh their tokens); the progress bar shows
+        the time left per ``stage`` (a length) and in all. A resumed run passes the items
+        already done (``done_before``) and estimates from what is left. ``bar`` False keeps
+        the line and hides the bar (a method's own --no-progress). See
+        :class:`headhunt.progress.UnitProgress`."""
+        from headhunt.progress import UnitProgress
+
+        def say(text: str) -> None:
+            from tqdm import tqdm
+
+            tqdm.write(text)
+
+        return UnitProgress(
+            todo, what, method=self.method, device=self.device, weight=weight, count=count,
+            stage=stage, stage_unit=stage_unit, done_before=done_before,
+            say=say if self.show_progress else None, bar=bar and self.show_progress,
+            clock=self.clock,
+        )  # fmt: skip
 
     def append(self, name: str, record: dict[str, Any]) -> None:
         """Save one finished unit durably, in this rank's shard of ``name``."""
@@ -179,14 +218,14 @@ class RunContext:
         not done yet and saves ``{"condition": name, **measure(what)}`` under ``name``; every
         rank waits (``timing`` records the slowest); rank 0 gets the records by condition, in
         plan order, the others None."""
-        from tqdm import tqdm
 
         def key(r: dict) -> str:
             return r["condition"]
 
         t0 = time.perf_counter()
         todo = self.todo(list(conditions), self.done(name, key=key))
-        for c in tqdm(todo, desc="conditions", unit="cond", disable=not self.show_progress):
+        done_before = len(self.dist.share(list(conditions))) - len(todo)
+        for c in self.units(todo, "condition", done_before=done_before):
             self.append(name, {"condition": c, **measure(conditions[c])})
         self.wait(timing, since=t0)
         records = self.collect(name, list(conditions), key=key)
@@ -256,7 +295,9 @@ def execute(
         if model is None:
             model = method.load(spec)
         check_same_model(run_dir, model, write=dist.is_main)
-        ctx = RunContext(run_dir, dist, progress=progress)
+        ctx = RunContext(
+            run_dir, dist, progress=progress, method=method.name, device=model.device.type
+        )
         ctx.timings["load_model_s"] = time.perf_counter() - t0
         scores = method.run(model, config, ctx)
         finished = True

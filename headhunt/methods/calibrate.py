@@ -205,11 +205,11 @@ def _candidates(model, enc, split, act, layers, config, ctx):
 def _screen(candidates, split, evaluate, ctx) -> None:
     """The baseline and each candidate alone on the calibration split, dealt over the ranks
     (the greedy pass on dev depends on them all and runs on rank 0)."""
-    from tqdm import tqdm
-
     plan = [("calib_base",), *[("screen", la, h) for la, h in candidates]]
-    todo = ctx.todo(plan, ctx.done(RECORDS, key=_key))
-    for unit in tqdm(todo, desc="screening heads", unit="head", disable=not ctx.show_progress):
+    share = ctx.todo(plan)
+    done = ctx.done(RECORDS, key=_key)
+    todo = [u for u in share if u not in done]
+    for unit in ctx.units(todo, "screening", done_before=len(share) - len(todo)):
         heads = [] if unit[0] == "calib_base" else [unit[1:]]
         extra = {} if unit[0] == "calib_base" else {"layer": unit[1], "head": unit[2]}
         evaluate(unit, split.calibration, heads, **extra)

@@ -294,13 +294,14 @@ def _references(model, pairs, config: CircuitsConfig, ctx, progress: bool):
 def _run_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
     """The SAE trials, dealt over the ranks, each saved as it finishes (trial 0's SAE first,
     so a resume that skips trial 0 finds its SAE); rank 0 gets them all, the others None."""
-    from tqdm.auto import tqdm
-
     from headhunt.sae.circuits import SAETrial, run_trial
 
     plan = list(range(config.trials))
     done = ctx.done(TRIALS, key=lambda r: r["index"])
-    for t in tqdm(ctx.todo(plan, done), desc="SAE trials", disable=not progress, leave=False):
+    share = ctx.todo(plan)
+    todo = [t for t in share if t not in done]
+    units = ctx.units(todo, "SAE trial", done_before=len(share) - len(todo), bar=progress)
+    for t in units:
         trial = run_trial(t, acts, config, eap_pairs=eap_pairs, truth=truth)
         if t == 0 and trial.sae is not None:
             _save_sae(trial.sae, ctx)

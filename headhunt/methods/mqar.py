@@ -255,8 +255,6 @@ def _check_sizes(model, c: MQARConfig, cells: CellBuilder) -> None:
 
 def _run_cells(model, c: MQARConfig, ctx, cells: CellBuilder, grid, heads_cell) -> None:
     """This rank's share of the grid cells and the heads cell, each saved as it finishes."""
-    from tqdm import tqdm
-
     from headhunt.heads.mqar import run_mqar
 
     t1 = time.perf_counter()
@@ -267,8 +265,9 @@ def _run_cells(model, c: MQARConfig, ctx, cells: CellBuilder, grid, heads_cell) 
         ctx.say(
             f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)"
         )
-    units = ctx.todo([*grid, "heads"], done)
-    for unit in tqdm(units, desc="mqar cells", unit="cell", disable=not ctx.show_progress):
+    share = ctx.todo([*grid, "heads"])
+    units = [u for u in share if u not in done]
+    for unit in ctx.units(units, "cell", done_before=len(share) - len(units)):
         if unit == "heads":
             base = run_mqar(model, heads_cell, batch_size=c.batch_size, score_heads=True)
             rec = {

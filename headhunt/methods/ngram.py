@@ -111,8 +111,6 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
         return {**d, "model": model, "texts": texts}
 
     def run(self, model, config: NgramConfig, ctx):
-        from tqdm import tqdm
-
         from headhunt.heads.ngram import SeqRecord, plan_batches, score_sequences, summarize
         from headhunt.scores import HeadScores
 
@@ -123,12 +121,19 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
             done = ctx.done(name, key=lambda r: r["index"])
             if done:
                 ctx.say(f"{source}: resuming, {len(done)} of {len(seqs)} sequences already done")
-            batches = [b for b in ctx.todo(plan_batches(seqs, config.batch_size)) if set(b) - done]
+            share = ctx.todo(plan_batches(seqs, config.batch_size))
+            batches = [b for b in share if set(b) - done]
             t1 = time.perf_counter()
-            bar = tqdm(
-                total=sum(map(len, batches)), desc=source, unit="seq", disable=not ctx.show_progress
+            # one estimate per source; a batch costs about its tokens
+            units = ctx.units(
+                batches,
+                "sequence",
+                count=len,
+                weight=lambda b, seqs=seqs: sum(len(seqs[k]) for k in b),
+                stage=lambda b, source=source: source,
+                done_before=sum(map(len, share)) - sum(map(len, batches)),
             )
-            for batch in batches:
+            for batch in units:
 
                 def save(j, r, batch=batch, name=name, done=done):
                     if batch[j] not in done:
@@ -141,8 +146,6 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
                     batch_size=config.batch_size,
                     on_record=save,
                 )
-                bar.update(len(batch))
-            bar.close()
             ctx.wait(f"{source}_s", since=t1)
         if not ctx.is_main:
             return None

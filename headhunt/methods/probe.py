@@ -267,8 +267,6 @@ def _capture(model, target, groups, cap, ctx):
 def _fit(units, prober, store, ctx):
     """One probe per (layer, head) unit, dealt over the ranks; each keeps its weights in
     ``parts/`` and its metrics as a record. Rank 0 gets every result in plan order."""
-    from tqdm.auto import tqdm
-
     from headhunt.probes import linear
 
     parts = ctx.path(PARTS)
@@ -278,8 +276,9 @@ def _fit(units, prober, store, ctx):
         return r["layer"], r["head"]
 
     done = {key(r) for r in ctx.records(RECORDS) if (parts / _unit_name(*key(r))).is_file()}
-    mine = ctx.todo(units, done)
-    for layer, head in tqdm(mine, desc="probe", unit="probe", disable=not ctx.show_progress):
+    share = ctx.todo(units)
+    mine = [u for u in share if u not in done]
+    for layer, head in ctx.units(mine, "probe", done_before=len(share) - len(mine)):
         x = store.layer(layer) if head == linear.RESIDUAL else store.head(layer, head)
         res = prober.fit(x, layer, head)
         ctx.write(f"{PARTS}/{_unit_name(layer, head)}", res.weights)

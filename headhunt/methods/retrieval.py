@@ -52,21 +52,30 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         trials = R.build_trials(model, config)
         # Whole decoding batches are dealt over the ranks; each keeps its trials in its shard.
         done = ctx.done(TRIALS, key=lambda r: r["id"])
-        mine = [
-            [t for t in b if t.id not in done]
-            for b in ctx.todo(R.plan_batches(model, trials, config))
-        ]
+        share = ctx.todo(R.plan_batches(model, trials, config))
+        mine = [b for b in ([t for t in b if t.id not in done] for b in share) if b]
         if done:
             ctx.say(f"resuming: {len(done)} of {len(trials)} trials already done")
         t1 = time.perf_counter()
-        R.run_trials(
-            model,
-            [],
-            config,
-            batches=[b for b in mine if b],
-            progress=ctx.show_progress,
-            on_record=lambda r: ctx.append(TRIALS, r),
-        )
+        # A batch's cost grows with its tokens (trials x length): the estimate and the
+        # per-length time left weigh them.
+        for batch in ctx.units(
+            mine,
+            "trial",
+            weight=lambda b: len(b) * b[0].length,
+            count=len,
+            stage=lambda b: b[0].length,
+            stage_unit="tokens",
+            done_before=sum(map(len, share)) - sum(map(len, mine)),
+        ):
+            R.run_trials(
+                model,
+                [],
+                config,
+                batches=[batch],
+                progress=False,
+                on_record=lambda r: ctx.append(TRIALS, r),
+            )
         ctx.wait("trials_s", since=t1)
         records = ctx.collect(TRIALS, [t.id for t in trials], key=lambda r: r["id"])
         if records is None:

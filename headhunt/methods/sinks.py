@@ -91,8 +91,6 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
         return {**d, "model": model, "texts": texts}
 
     def run(self, model, config: SinksConfig, ctx):
-        from tqdm import tqdm
-
         from headhunt.heads.sinks import TextSinks, analyze_text, plot, summarize
 
         inputs = build_inputs(model, read_texts(config.texts), config.length, config.n_texts)
@@ -101,8 +99,9 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
         if done:
             ctx.say(f"resuming: {len(done)} of {len(inputs)} texts already done")
         t1 = time.perf_counter()
-        mine = ctx.todo(list(range(len(inputs))), done)
-        for i in tqdm(mine, desc="texts", unit="text", disable=not ctx.show_progress):
+        share = ctx.todo(list(range(len(inputs))))
+        mine = [i for i in share if i not in done]
+        for i in ctx.units(mine, "text", done_before=len(share) - len(mine)):
             ctx.append(RECORDS, analyze_text(model, inputs[i], config, index=i).to_dict())
         ctx.wait("texts_s", since=t1)
         records = ctx.collect(RECORDS, list(range(len(inputs))), key=lambda r: r["text"])

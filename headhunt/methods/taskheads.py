@@ -175,15 +175,16 @@ taskheads.html."""
 
 
 def _score_examples(model, config: TaskHeadsConfig, ctx, encoded) -> None:
-    from tqdm import tqdm
-
     from headhunt.heads.taskheads import OutputSum, score_example
 
     done = ctx.done(EXAMPLES, key=lambda r: r["id"])
     if done:
         ctx.say(f"resuming: {len(done)} of {len(encoded)} examples already scored")
-    todo = ctx.todo(list(range(len(encoded))), done, key=lambda i: encoded[i].id)
-    for i in tqdm(todo, desc="examples", disable=not ctx.show_progress):
+    share = ctx.todo(list(range(len(encoded))))
+    todo = [i for i in share if encoded[i].id not in done]
+    # an example costs about its tokens: the estimate weighs them
+    for i in ctx.units(todo, "example", weight=lambda i: len(encoded[i].ids),
+                       done_before=len(share) - len(todo)):  # fmt: skip
         scoring = i < config.score_examples
         sums = OutputSum()
         res = score_example(model, encoded[i], extra_hooks=[sums] if scoring else [])
@@ -233,8 +234,6 @@ class Plan:
                     self.conditions[f"random/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
 
     def run_conditions(self, ctx) -> None:
-        from tqdm import tqdm
-
         from headhunt.heads.evaluations.task_ablation import ablation, answers_right
         from headhunt.heads.inputs.task_inputs import closed_book_ids
 
@@ -244,8 +243,9 @@ class Plan:
             book = [(p + a, len(p)) for p, a in closed_book_ids(self.model.tokenizer)]
             closed = [b for b, ok in zip(book, answers_right(self.model, book), strict=True) if ok]
         done = ctx.done(CONDITIONS, key=lambda r: r["name"])
-        for name in tqdm(ctx.todo(list(self.conditions), done), desc="ablations",
-                         disable=not ctx.show_progress):  # fmt: skip
+        share = ctx.todo(list(self.conditions))
+        todo = [n for n in share if n not in done]
+        for name in ctx.units(todo, "ablation", done_before=len(share) - len(todo)):
             c = self.conditions[name]
             hooks = ablation(c["heads"], c["mode"], self.means)
             ctx.append(CONDITIONS, {
