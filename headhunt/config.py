@@ -72,6 +72,12 @@ def default_of(base: type, name: str, default: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+def fields_of(config: Any, part: type) -> dict[str, Any]:
+    """The values of ``config``'s fields that config class ``part`` declares (its seed too):
+    how a method config that derives from a library config hands the library its part."""
+    return {f.name: _copy(getattr(config, f.name)) for f in fields(part)}
+
+
 def flag_name(f) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 

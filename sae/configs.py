@@ -1,4 +1,5 @@
-"""The configs of circuit finding with discrete SAEs (O'Neill & Bui 2024): the SAE trials'
+"""The configs of circuit finding with discrete SAEs (O'Neill & Bui 2024): an SAE's training
+(:class:`SAETraining`, the part of the library's ``SAEConfig`` the trials set), the SAE trials'
 (:class:`CircuitConfig`, the library's) and the method's (:class:`CircuitsConfig`, the same
 fields plus the prompt pairs, the patching ground truth and the circuit rule). Kept apart from
 the analyzer so that the CLI's ``--help`` reads them without importing torch.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headhunt.config import MethodConfig, option
+from headhunt.config import MethodConfig, default_of, fields_of, option
 from headhunt.errors import HeadhuntError
 
 HEAD_NORMS = ("none", "center", "standardize")
@@ -22,7 +23,34 @@ NODE_RULES = {
 
 
 @dataclass
-class CircuitConfig(MethodConfig):
+class SAETraining(MethodConfig):
+    """A discrete SAE's training hyperparameters (defaults: the paper's), declared once for the
+    library's :class:`~headhunt.sae.discrete.SAEConfig` and the circuit trials'
+    :class:`CircuitConfig`.
+
+    Attributes:
+        dict_size: number of features, i.e. of possible codes (at least 2: one feature would
+            give every input the same code).
+        l1: sparsity coefficient (the paper used 0.02; 0.05 for docstring).
+        lr: Adam learning rate.
+        epochs: full-batch steps.
+    """
+
+    dict_size: int = option(200, "SAE features", min=2)
+    l1: float = option(0.02, "sparsity coefficient (the paper: 0.05 for docstring)")
+    lr: float = option(1e-3, "SAE learning rate")
+    epochs: int = option(500, "SAE training epochs", min=1)
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise HeadhuntError(f"--lr must be positive, got {self.lr}")
+        if self.l1 < 0:
+            raise HeadhuntError(f"--l1 must not be negative, got {self.l1}")
+        super().validate()
+
+
+@dataclass
+class CircuitConfig(SAETraining):
     """The SAE trials of a circuit-finding run (the library's config; the method's
     :class:`CircuitsConfig` adds the prompt pairs, the ground truth and the circuit rule).
 
@@ -44,7 +72,7 @@ class CircuitConfig(MethodConfig):
             then divided by the head's mean centred norm). Centring makes the SAE model how a
             head's output varies across prompts instead of which head wrote it; scaling stops
             the largest heads from owning the reconstruction loss. Labels are never used.
-        dict_size, l1, lr, epochs: the SAE's (see :class:`SAEConfig`).
+        dict_size, l1, lr, epochs: the SAE's (see :class:`SAETraining`).
         node_rule: the node score a run ranks heads by and reports as its SAE method, one of
             :data:`NODE_RULES` (see :class:`~headhunt.sae.scoring.NodeScores`): "changed"
             (share of pairs whose code differs between positive and negative), "node" (the
@@ -67,10 +95,7 @@ class CircuitConfig(MethodConfig):
         "mean), or standardize (centre, then scale each head to unit mean norm)",
         choices=HEAD_NORMS,
     )
-    dict_size: int = option(800, "SAE features", min=1)
-    l1: float = option(0.02, "sparsity coefficient (the paper: 0.05 for docstring)")
-    lr: float = option(1e-3, "SAE learning rate")
-    epochs: int = option(500, "SAE training epochs", min=1)
+    dict_size: int = default_of(SAETraining, "dict_size", 800)
     node_rule: str = option("changed", "the node score heads are ranked by", cli=False)
     edge_top_fraction: float = option(0.5, "share of code pairs kept for the edge scores")
     truth_share: float | None = option(
@@ -83,10 +108,6 @@ class CircuitConfig(MethodConfig):
     )
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise HeadhuntError(f"--lr must be positive, got {self.lr}")
-        if self.l1 < 0:
-            raise HeadhuntError(f"--l1 must not be negative, got {self.l1}")
         if not 0 < self.edge_top_fraction <= 1:
             raise HeadhuntError(
                 f"--edge-top-fraction must be in (0, 1], got {self.edge_top_fraction}"
@@ -120,10 +141,7 @@ class CircuitConfig(MethodConfig):
         """The SAE of one trial (:class:`headhunt.sae.discrete.SAEConfig`)."""
         from headhunt.sae.discrete import SAEConfig
 
-        return SAEConfig(
-            d_in=d_in, dict_size=self.dict_size, l1=self.l1, lr=self.lr, epochs=self.epochs,
-            seed=seed,
-        )  # fmt: skip
+        return SAEConfig(d_in=d_in, **{**fields_of(self, SAETraining), "seed": seed})
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,41 +29,24 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
+from headhunt.sae.configs import SAETraining
 
 
 @dataclass
-class SAEConfig:
-    """Hyperparameters of a discrete SAE (defaults: the paper's).
+class SAEConfig(SAETraining):
+    """Hyperparameters of one discrete SAE: its training (:class:`SAETraining`, defaults the
+    paper's), its input width and its seed.
 
     Attributes:
         d_in: input width (the model's d_model).
-        dict_size: number of features, i.e. of possible codes.
-        l1: sparsity coefficient (the paper used 0.02; 0.05 for docstring).
-        lr: Adam learning rate.
-        epochs: full-batch steps.
         seed: seeds the initialisation (training is deterministic on the CPU).
     """
 
-    d_in: int
-    dict_size: int = 200
-    l1: float = 0.02
-    lr: float = 1e-3
-    epochs: int = 500
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.d_in < 1 or self.dict_size < 2:
-            raise HeadhuntError(f"SAE needs d_in >= 1 and dict_size >= 2, got {self}")
-        if self.l1 < 0 or self.lr <= 0 or self.epochs < 0:
-            raise HeadhuntError(f"SAE needs l1 >= 0, lr > 0 and epochs >= 0, got {self}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    d_in: int = field(kw_only=True, metadata={"help": "input width", "cli": False, "min": 1})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SAEConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+        unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise HeadhuntError(f"unknown SAE config keys {sorted(unknown)}")
         return cls(**d)

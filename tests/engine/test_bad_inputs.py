@@ -71,7 +71,7 @@ ROWS = [
     (["mqar", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["mqar", "--power-a", "2"], "--power-a must be in (0, 1]"),
     # circuits
-    (["circuits", "--dict-size", "0"], "--dict-size must be at least 1"),
+    (["circuits", "--dict-size", "1"], "--dict-size must be at least 2"),
     (["circuits", "--lr", "-1"], "--lr must be positive"),
     (["circuits", "--epochs", "0"], "--epochs must be at least 1"),
     (["circuits", "--l1", "-1"], "--l1 must not be negative"),

@@ -200,8 +200,6 @@ def test_help_states_each_default_once_and_never_none_or_a_bool():
 # shared names: a second declaration of one config, not a shared word), each with why it is
 # not merged yet. The list only shrinks (the test after next).
 KNOWN_PAIRS = {
-    "headhunt.sae.discrete.SAEConfig": "the SAE's own hyperparameters, built per trial by "
-    "CircuitConfig.sae_config",
     "headhunt.heads.evaluations.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
     "(plus --sweep); the library's keep is the list of shares measured",
     "headhunt.probes.linear.ProbeConfig": "probe's --task auto and --controls none are resolved "
@@ -211,9 +209,20 @@ KNOWN_PAIRS = {
 }
 
 
+def origins(config: type) -> dict[str, str]:
+    """Field name -> the class that declares it (as :func:`declarations` counts: an inherited
+    field, or one given another default by ``default_of``, is its base's declaration)."""
+    out = {}
+    for f in fields(config):
+        owner = [c for c in config.__mro__ if f.name in c.__dict__.get("__annotations__", {})][0]
+        out[f.name] = f.metadata.get("declared_by") or _name(owner)
+    return out
+
+
 def library_pairs() -> dict[str, str]:
-    """Config dataclasses of the analyzer and capture layers that are no method config but
-    repeat four or more fields of one -> the method."""
+    """Config dataclasses of the analyzer and capture layers that declare four or more of one
+    method config's fields again (a field the two inherit from one class is declared once)
+    -> the method. Method configs themselves are library configs too, and count like any."""
     import importlib
     import pkgutil
 
@@ -221,7 +230,7 @@ def library_pairs() -> dict[str, str]:
     import headhunt.probes
     import headhunt.sae
 
-    method_fields = {n: {f.name for f in fields(get(n).Config)} - {"seed"} for n in METHODS}
+    method_fields = {n: origins(get(n).Config) for n in METHODS}
     found = {}
     for package in (headhunt.heads, headhunt.sae, headhunt.probes):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
@@ -232,12 +241,14 @@ def library_pairs() -> dict[str, str]:
                     and name.endswith("Config")
                     and obj.__module__ == module.__name__
                     and "__dataclass_fields__" in obj.__dict__
-                    and not issubclass(obj, MethodConfig)
                 ):
                     continue
-                own = {f.name for f in fields(obj)}
-                for method, names in method_fields.items():
-                    if len(own & names) >= 4:
+                own = origins(obj)
+                for method, theirs in method_fields.items():
+                    again = {
+                        n for n in own.keys() & theirs.keys() - {"seed"} if own[n] != theirs[n]
+                    }
+                    if len(again) >= 4:
                         found[f"{obj.__module__}.{name}"] = method
     return found
 
@@ -260,6 +271,23 @@ def test_the_pair_check_sees_a_planted_library_config(monkeypatch):
         min_query_share: float = 0.1
         eps: float = 0.3
 
-    PlantedConfig.__module__ = needles.__name__
-    monkeypatch.setattr(needles, "PlantedConfig", PlantedConfig, raising=False)
-    assert library_pairs()["headhunt.heads.inputs.needles.PlantedConfig"] == "sinks"
+    sinks = get("sinks").Config
+
+    @dataclass
+    class PlantedOptionConfig(MethodConfig):  # the same, written as a method-style config
+        tau: float = option(0.1, "attention share that makes a key a sink")
+        min_queries: int = option(32, "queries")
+        min_query_share: float = option(0.1, "share")
+        eps: float = option(0.3, "eps")
+
+    @dataclass
+    class InheritedConfig(sinks):  # inherits them (one declaration), another default: allowed
+        tau: float = default_of(sinks, "tau", 0.2)
+
+    for planted in (PlantedConfig, PlantedOptionConfig, InheritedConfig):
+        planted.__module__ = needles.__name__
+        monkeypatch.setattr(needles, planted.__name__, planted, raising=False)
+    found = library_pairs()
+    assert found["headhunt.heads.inputs.needles.PlantedConfig"] == "sinks"
+    assert found["headhunt.heads.inputs.needles.PlantedOptionConfig"] == "sinks"
+    assert "headhunt.heads.inputs.needles.InheritedConfig" not in found
