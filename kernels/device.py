@@ -18,6 +18,7 @@ import triton.language as tl
 
 __all__ = [
     "LOG2E",
+    "alibi_slope",
     "causal_query_tiles",
     "causal_tiles",
     "exp2",
@@ -25,10 +26,14 @@ __all__ = [
     "interval_tiles",
     "load_rows",
     "program_head",
+    "program_tile",
     "qk",
     "qk_bases",
+    "qk_program",
+    "row_state",
     "softmax_tile",
     "store_rows",
+    "visible",
 ]
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -104,6 +109,60 @@ def program_head(hq, group):
 
 
 @triton.jit
+def program_tile(pid, hq, group, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+                 BLOCK_D: tl.constexpr, D: tl.constexpr):  # fmt: skip
+    """What a program of a tiled kernel owns: its head (:func:`program_head`) and the
+    ``BLOCK_OWN`` rows of its own operand from ``start = pid * BLOCK_OWN`` (query rows in a
+    row kernel, keys in a column kernel), with the offsets of a tile of the other operand
+    (from 0) and of the head dimension. Returns
+    ``(pid_bh, b, h, kvh, start, offs_own, offs_other, offs_d, d_ok)``."""
+    pid_bh, b, h, kvh = program_head(hq, group)
+    start = pid * BLOCK_OWN
+    offs_own = start + tl.arange(0, BLOCK_OWN)
+    offs_other = tl.arange(0, BLOCK_OTHER)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    return pid_bh, b, h, kvh, start, offs_own, offs_other, offs_d, d_ok
+
+
+@triton.jit
+def row_state(BLOCK_M: tl.constexpr):
+    """The empty online-softmax state of ``BLOCK_M`` rows, ``(m_i, l_i, t_i, a_i)`` (see
+    :func:`softmax_tile`). The running max (of raw q . k) starts at a finite -1e30 rather
+    than -inf so that the first rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for
+    every row."""
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
+    return m_i, l_i, t_i, a_i
+
+
+@triton.jit
+def alibi_slope(ALIBI_S, h, ALIBI: tl.constexpr):
+    """Head ``h``'s ALiBi slope over the scale (raw-product units, see :func:`qk`); 0.0,
+    unused, without ``ALIBI``."""
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(ALIBI_S + h)
+    return slope
+
+
+@triton.jit
+def visible(cols, lo, hi, pos, nk, BOUNDS: tl.constexpr, CAUSAL: tl.constexpr):
+    """Which keys ``cols`` [BLOCK_N] each query row sees, [rows, BLOCK_N]: those in the
+    row's ``[lo, hi]`` with ``BOUNDS``; else those before the end of k and, when ``CAUSAL``,
+    not after the row's position ``pos``."""
+    if BOUNDS:
+        valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+    else:
+        valid = cols[None, :] < nk
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= pos[:, None])
+    return valid
+
+
+@triton.jit
 def head_pointers(X, b, h, stride_b, stride_h, offs_d):
     """[1, BLOCK_D] pointers to row 0 of head ``h`` of batch row ``b`` of ``X``. 64-bit
     offsets: a [b, n, h, d] view has row stride h * d, so n * stride can pass 2**31 at long
@@ -127,6 +186,23 @@ def qk_bases(Q, K, pid_bh, b, h, kvh, hq, group, nq, nk, stride_qb, stride_qh, s
         q_base = head_pointers(Q, b, h, stride_qb, stride_qh, offs_d)
         k_base = head_pointers(K, b, kvh, stride_kb, stride_kh, offs_d)
     return q_base, k_base, q_flat0, k_flat0
+
+
+@triton.jit
+def qk_program(Q, K, pid, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
+               BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
+               D: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """The prologue of a kernel that streams tiles of one of q, k past a tile of the other
+    (the row and column passes): :func:`program_tile`, then :func:`qk_bases`. Returns
+    ``(pid_bh, b, h, start, offs_own, offs_other, d_ok, q_base, k_base, q_flat0, k_flat0)``."""
+    pid_bh, b, h, kvh, start, offs_own, offs_other, offs_d, d_ok = program_tile(
+        pid, hq, group, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, D
+    )
+    q_base, k_base, q_flat0, k_flat0 = qk_bases(
+        Q, K, pid_bh, b, h, kvh, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
+        offs_d, TMA,
+    )  # fmt: skip
+    return pid_bh, b, h, start, offs_own, offs_other, d_ok, q_base, k_base, q_flat0, k_flat0
 
 
 @triton.jit

@@ -102,6 +102,23 @@ class Launch:
         """Query heads per kv head (GQA)."""
         return self.hq // self.hkv
 
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """q's then k's batch, head and row strides: the kernels' six stride arguments."""
+        return (*self.q.stride()[:3], *self.k.stride()[:3])
+
+    @property
+    def sizes_and_scales(self) -> tuple:
+        """``(nq, nk, q_offset, hq, group, qk_scale, softcap_in, softcap_out)``, the scalar
+        arguments of the row, general column and fused kernels, in their order."""
+        return (self.nq, self.nk, self.q_offset, self.hq, self.group, self.qk_scale,
+                self.softcap_in, self.softcap_out)  # fmt: skip
+
+    @property
+    def block_d(self) -> int:
+        """The head-dimension tile: ``d`` rounded up to a power of two, at least 16."""
+        return max(16, 1 << (self.d - 1).bit_length())
+
     def with_bounds(self) -> Launch:
         """This launch with the per-row key intervals the row and column passes use, when
         the variant limits rows beyond the plain causal / full mask (computed once, on q's

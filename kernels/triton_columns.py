@@ -36,13 +36,14 @@ from torch import Tensor
 from .config import KernelConfig, exp_mode, interpreting
 from .device import (
     LOG2E,
+    alibi_slope,
     causal_query_tiles,
     exp2,
     head_pointers,
     load_rows,
-    program_head,
+    program_tile,
     qk,
-    qk_bases,
+    qk_program,
 )
 from .masks import key_visible_counts
 from .tma import tma_views
@@ -61,35 +62,12 @@ __all__ = [
 
 @triton.jit
 def _col_tile(
-    acc,
-    k,
-    q_base,
-    lse_base,
-    Q,
-    q_flat0,
-    m0,
-    offs_m,
-    offs_n,
-    nq,
-    stride_qm,
-    d_ok,
-    lo_base,
-    hi_base,
-    q_offset,
-    qk_scale,
-    sc_in,
-    sc_out,
-    neg_slope,
-    MASK: tl.constexpr,
-    BOUNDS: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EXP: tl.constexpr,
-    ASM: tl.constexpr,
-    TMA: tl.constexpr,
-    ALIBI: tl.constexpr,
-):
+    acc, k, q_base, lse_base, Q, q_flat0, m0, offs_m, offs_n, nq, stride_qm, d_ok,
+    lo_base, hi_base, q_offset, qk_scale, sc_in, sc_out, neg_slope,
+    MASK: tl.constexpr, BOUNDS: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, EXP: tl.constexpr, ASM: tl.constexpr,
+    TMA: tl.constexpr, ALIBI: tl.constexpr,
+):  # fmt: skip
     """Add ``sum_i p_ij`` over the query rows ``m0 + offs_m`` to the key tile's ``acc``.
 
     ``MASK``: apply the visibility of each (key, row) pair: the row's ``[lo, hi]`` with
@@ -121,68 +99,27 @@ def _col_tile(
 
 @triton.jit
 def _col_stats_kernel(
-    Q,
-    K,
-    LSE,
-    COL,
-    COL_MEAN,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    LO,
-    HI,
-    MRANGE,
-    COUNT,
-    ALIBI_S,
-    nq,
-    nk,
-    q_offset,
-    hq,
-    group,
-    qk_scale,
-    sc_in,
-    sc_out,
-    n_tiles,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    BOUNDS: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    PIPELINE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EXP: tl.constexpr,
-    ASM: tl.constexpr,
-    TMA: tl.constexpr,
-    ALIBI: tl.constexpr,
-):
+    Q, K, LSE, COL, COL_MEAN,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    LO, HI, MRANGE, COUNT, ALIBI_S,
+    nq, nk, q_offset, hq, group, qk_scale, sc_in, sc_out, n_tiles,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, SOFTCAP: tl.constexpr,
+    PIPELINE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    EXP: tl.constexpr, ASM: tl.constexpr, TMA: tl.constexpr, ALIBI: tl.constexpr,
+):  # fmt: skip
     # Key tile 0 has the most visible queries under the causal mask and already runs
     # first in launch order, so no reordering is needed here.
     pid_n = tl.program_id(0)
-    pid_bh, b, h, kvh = program_head(hq, group)
-
-    n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-
-    q_base, k_base, q_flat0, k_flat0 = qk_bases(
-        Q, K, pid_bh, b, h, kvh, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
-        offs_d, TMA,
+    pid_bh, b, h, n0, offs_n, offs_m, d_ok, q_base, k_base, q_flat0, k_flat0 = qk_program(
+        Q, K, pid_n, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
+        BLOCK_N, BLOCK_M, BLOCK_D, D, TMA,
     )  # fmt: skip
     k = load_rows(
         K, k_base, k_flat0, n0, tl.arange(0, BLOCK_N), nk, stride_kn, d_ok, True, TMA, UPCAST
     )
     lse_base = LSE + pid_bh * nq
-    neg_slope = 0.0
-    if ALIBI:  # minus the ALiBi slope over the scale: the tiles are [keys, rows]
-        neg_slope = -tl.load(ALIBI_S + h)
+    neg_slope = -alibi_slope(ALIBI_S, h, ALIBI)  # the tiles are [keys, rows]
     lo_base = LO + b * nq
     hi_base = HI + b * nq
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -315,13 +252,9 @@ def _col_fast_kernel(
     # launch order. (Ordering the whole grid longest-first instead, every head's tile 0
     # before any tile 1, was 10-40% slower on an H100: programs of one head share q.)
     pid_n = tl.program_id(0)
-    pid_bh, b, h, kvh = program_head(hq, group)
-
-    n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    pid_bh, b, h, kvh, n0, offs_n, offs_m, offs_d, d_ok = program_tile(
+        pid_n, hq, group, BLOCK_N, BLOCK_M, BLOCK_D, D
+    )
 
     # TMA: head h of batch row b starts at row b * rb + h * rh, column h * ch of its
     # tensor's 2-D view (see tma.tma_view).
@@ -407,10 +340,9 @@ def launch_fast_columns(L: Launch, lse: Tensor, col_sum: Tensor, col_mean: Tenso
     grid = (triton.cdiv(L.nk, block_n), L.b * L.hq)
     _col_fast_kernel[grid](
         q, k, lse, col_sum, col_mean,
-        L.q.stride(0), L.q.stride(1), L.q.stride(2), L.k.stride(0), L.k.stride(1),
-        L.k.stride(2), *q_lay, *k_lay,
+        *L.strides, *q_lay, *k_lay,
         L.nq, L.nk, L.q_offset, L.hq, L.group, L.qk_scale,
-        D=L.d, BLOCK_D=max(16, triton.next_power_of_2(L.d)), BLOCK_N=block_n, BLOCK_M=block_m,
+        D=L.d, BLOCK_D=L.block_d, BLOCK_N=block_n, BLOCK_M=block_m,
         CAUSAL=L.causal, PRECISION=L.precision, UPCAST=L.upcast, TMA=tma,
         num_warps=cfg.col_warps, num_stages=cfg.col_stages,
     )  # fmt: skip
@@ -427,48 +359,20 @@ def launch_general_columns(L: Launch, lse: Tensor, col_sum: Tensor, col_mean: Te
         mrange = query_ranges(L.lo, L.hi, L.nk, cfg.col_block_n)
         count = key_visible_counts(L.lo.long(), L.hi.long(), L.nk)
     _col_stats_kernel[grid](
-        q,
-        k,
-        lse,
-        col_sum,
-        col_mean,
-        L.q.stride(0),
-        L.q.stride(1),
-        L.q.stride(2),
-        L.k.stride(0),
-        L.k.stride(1),
-        L.k.stride(2),
+        q, k, lse, col_sum, col_mean,
+        *L.strides,
         L.lo if bounds else lse,  # unused pointers without BOUNDS
         L.hi if bounds else lse,
         mrange if bounds else lse,
         count if bounds else lse,
         L.alibi if L.alibi is not None else lse,
-        L.nq,
-        L.nk,
-        L.q_offset,
-        L.hq,
-        L.group,
-        L.qk_scale,
-        L.softcap_in,
-        L.softcap_out,
-        n_tiles,
-        D=L.d,
-        BLOCK_D=max(16, triton.next_power_of_2(L.d)),
-        BLOCK_N=cfg.col_block_n,
-        BLOCK_M=cfg.col_block_m,
-        CAUSAL=L.causal,
-        BOUNDS=bounds,
-        SOFTCAP=L.softcap_in > 0,
-        PIPELINE=cfg.col_pipeline,
-        PRECISION=L.precision,
-        UPCAST=L.upcast,
-        EXP=exp_mode(cfg.col_exp, L.q.dtype),
-        ASM=not interpreting(),
-        TMA=cfg.col_tma and L.tma,
-        ALIBI=L.alibi is not None,
-        num_warps=cfg.col_warps,
-        num_stages=cfg.col_stages,
-    )
+        *L.sizes_and_scales, n_tiles,
+        D=L.d, BLOCK_D=L.block_d, BLOCK_N=cfg.col_block_n, BLOCK_M=cfg.col_block_m,
+        CAUSAL=L.causal, BOUNDS=bounds, SOFTCAP=L.softcap_in > 0, PIPELINE=cfg.col_pipeline,
+        PRECISION=L.precision, UPCAST=L.upcast, EXP=exp_mode(cfg.col_exp, L.q.dtype),
+        ASM=not interpreting(), TMA=cfg.col_tma and L.tma, ALIBI=L.alibi is not None,
+        num_warps=cfg.col_warps, num_stages=cfg.col_stages,
+    )  # fmt: skip
 
 
 def query_ranges(lo: Tensor, hi: Tensor, nk: int, block_n: int) -> Tensor:

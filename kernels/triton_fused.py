@@ -31,14 +31,17 @@ from torch import Tensor
 
 from .config import interpreting
 from .device import (
+    alibi_slope,
     causal_tiles,
     head_pointers,
     interval_tiles,
     load_rows,
-    program_head,
+    program_tile,
     qk,
+    row_state,
     softmax_tile,
     store_rows,
+    visible,
 )
 from .tma import tma_views
 
@@ -69,47 +72,14 @@ def _tile(
 
 @triton.jit
 def _fwd_tile(
-    q,
-    acc,
-    m_i,
-    l_i,
-    a_i,
-    t_i,
-    K,
-    k_base,
-    k_row0,
-    k_col0,
-    V,
-    v_base,
-    v_row0,
-    v_col0,
-    n0,
-    offs_n,
-    nk,
-    stride_kn,
-    stride_vn,
-    d_ok,
-    lo,
-    hi,
-    pos,
-    qk_scale,
-    sc_in,
-    sc_out,
-    slope,
-    MASK: tl.constexpr,
-    BOUNDS: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ENTROPY: tl.constexpr,
-    ARGMAX: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EXP: tl.constexpr,
-    ASM: tl.constexpr,
-    TMA: tl.constexpr,
-    ALIBI: tl.constexpr,
-):
+    q, acc, m_i, l_i, a_i, t_i,
+    K, k_base, k_row0, k_col0, V, v_base, v_row0, v_col0,
+    n0, offs_n, nk, stride_kn, stride_vn, d_ok, lo, hi, pos, qk_scale, sc_in, sc_out, slope,
+    MASK: tl.constexpr, BOUNDS: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, EXP: tl.constexpr, ASM: tl.constexpr,
+    TMA: tl.constexpr, ALIBI: tl.constexpr,
+):  # fmt: skip
     """Fold the key/value tile at ``n0`` into the row state and the output accumulator.
 
     ``MASK``: apply each row's visibility (``[lo, hi]`` with ``BOUNDS``, else the causal
@@ -117,16 +87,8 @@ def _fwd_tile(
     """
     k = _tile(K, k_base, k_row0, k_col0, n0, offs_n, nk, stride_kn, d_ok, MASK, TMA, UPCAST)
     s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, n0 + offs_n, ALIBI)
-    cols = n0 + offs_n
-    if MASK:
-        if BOUNDS:
-            valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
-        else:
-            valid = cols[None, :] < nk
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= pos[:, None])
-    else:
-        valid = s
+    # Unmasked tiles pass s as an unused placeholder.
+    valid = visible(n0 + offs_n, lo, hi, pos, nk, BOUNDS, CAUSAL) if MASK else s
     m_i, l_i, a_i, t_i, e, alpha = softmax_tile(
         s, m_i, l_i, a_i, t_i, n0, valid, qk_scale, MASK, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM
     )
@@ -153,13 +115,9 @@ def _fused_fwd_kernel(
 ):  # fmt: skip
     # Longest query tiles first (the last tile sees the most keys under the causal mask).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh, b, h, kvh = program_head(hq, group)
-
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    pid_bh, b, h, kvh, m0, offs_m, offs_n, offs_d, d_ok = program_tile(
+        pid_m, hq, group, BLOCK_M, BLOCK_N, BLOCK_D, D
+    )
 
     # TMA: where each head's rows start in its tensor's 2-D view (row, column); see tma.tma_view.
     q_row0 = b * q_rb + h * q_rh
@@ -178,16 +136,10 @@ def _fused_fwd_kernel(
         UPCAST,
     )  # fmt: skip
 
-    # Finite start for the running max (see triton_rows._row_stats_kernel).
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
+    m_i, l_i, t_i, a_i = row_state(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     pos = q_offset + offs_m
-    slope = 0.0
-    if ALIBI:  # ALiBi slope of this head over the scale (raw-product units)
-        slope = tl.load(ALIBI_S + h)
+    slope = alibi_slope(ALIBI_S, h, ALIBI)
 
     # Key tiles in three runs: [k_start, n_lo) masked, [n_lo, n_full) seen whole by every
     # row of the tile (no mask), [n_full, hi_end) masked; bounds as in the row pass.
@@ -288,14 +240,11 @@ def launch_fused(L: Launch, v: Tensor, out: Tensor, lse, mx, arg, ent) -> None:
     grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
     _fused_fwd_kernel[grid](
         qd, kd, vd, out, lse, mx, arg, ent if ent is not None else lse,
-        L.q.stride(0), L.q.stride(1), L.q.stride(2), L.k.stride(0), L.k.stride(1),
-        L.k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
-        out.stride(2),
+        *L.strides, *v.stride()[:3], *out.stride()[:3],
         L.lo if L.lo is not None else arg, L.hi if L.hi is not None else arg,
         L.sinks if L.sinks is not None else lse, L.alibi if L.alibi is not None else lse,
-        L.nq, L.nk, L.q_offset, L.hq, L.group, L.qk_scale, L.softcap_in,
-        L.softcap_out, *layout,
-        D=L.d, BLOCK_D=max(16, triton.next_power_of_2(L.d)), BLOCK_M=cfg.row_block_m,
+        *L.sizes_and_scales, *layout,
+        D=L.d, BLOCK_D=L.block_d, BLOCK_M=cfg.row_block_m,
         BLOCK_N=cfg.row_block_n, CAUSAL=L.causal, BOUNDS=L.lo is not None,
         SOFTCAP=L.softcap_in > 0, SINKS=L.sinks is not None, ENTROPY=ent is not None,
         ARGMAX=cfg.argmax_mode, PRECISION=L.precision, UPCAST=L.upcast,

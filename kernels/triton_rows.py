@@ -19,14 +19,16 @@ from torch import Tensor
 from .config import exp_mode, interpreting
 from .device import (
     LOG2E,
+    alibi_slope,
     causal_tiles,
     interval_tiles,
     load_rows,
-    program_head,
     qk,
-    qk_bases,
+    qk_program,
+    row_state,
     softmax_tile,
     store_rows,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -37,77 +39,30 @@ __all__ = ["launch_rows"]
 
 @triton.jit
 def _row_stats_kernel(
-    Q,
-    K,
-    LSE,
-    MAX,
-    ARG,
-    ENT,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    LO,
-    HI,
-    SINK,
-    ALIBI_S,
-    nq,
-    nk,
-    q_offset,
-    hq,
-    group,
-    qk_scale,
-    sc_in,
-    sc_out,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    BOUNDS: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    SINKS: tl.constexpr,
-    ENTROPY: tl.constexpr,
-    ARGMAX: tl.constexpr,
-    PIPELINE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EXP: tl.constexpr,
-    ASM: tl.constexpr,
-    TMA: tl.constexpr,
-    ALIBI: tl.constexpr,
-):
+    Q, K, LSE, MAX, ARG, ENT,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    LO, HI, SINK, ALIBI_S,
+    nq, nk, q_offset, hq, group, qk_scale, sc_in, sc_out,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+    ENTROPY: tl.constexpr, ARGMAX: tl.constexpr, PIPELINE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, EXP: tl.constexpr, ASM: tl.constexpr,
+    TMA: tl.constexpr, ALIBI: tl.constexpr,
+):  # fmt: skip
     # Query tiles run longest-first (the last tile sees the most keys under the causal
     # mask), so the long programs start in the first wave and the tail stays short.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh, b, h, kvh = program_head(hq, group)
-
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-
-    q_base, k_base, q_flat0, k_flat0 = qk_bases(
-        Q, K, pid_bh, b, h, kvh, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
-        offs_d, TMA,
+    pid_bh, b, h, m0, offs_m, offs_n, d_ok, q_base, k_base, q_flat0, k_flat0 = qk_program(
+        Q, K, pid_m, hq, group, nq, nk, stride_qb, stride_qh, stride_kb, stride_kh,
+        BLOCK_M, BLOCK_N, BLOCK_D, D, TMA,
     )  # fmt: skip
     q = load_rows(
         Q, q_base, q_flat0, m0, tl.arange(0, BLOCK_M), nq, stride_qm, d_ok, True, TMA, UPCAST
     )
 
-    # The running max (of raw q . k) starts at a finite -1e30 rather than -inf so that
-    # the first rescale (m_old - m_new) * l_old is 0 * finite, not NaN, for every row.
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    t_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    a_i = tl.full([BLOCK_M], -1, dtype=tl.int32)
+    m_i, l_i, t_i, a_i = row_state(BLOCK_M)
     pos = q_offset + offs_m  # absolute position of each query row
-    slope = 0.0
-    if ALIBI:  # ALiBi slope of this head over the scale (raw-product units)
-        slope = tl.load(ALIBI_S + h)
+    slope = alibi_slope(ALIBI_S, h, ALIBI)
 
     if BOUNDS:
         # Per-row key intervals [lo, hi] (window, chunk, padding, ...): see interval_tiles.
@@ -116,7 +71,7 @@ def _row_stats_kernel(
             cols = n0 + offs_n
             k = load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
             s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, cols, ALIBI)
-            valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+            valid = visible(cols, lo, hi, pos, nk, True, CAUSAL)
             m_i, l_i, a_i, t_i, _, _ = softmax_tile(
                 s, m_i, l_i, a_i, t_i, n0, valid, qk_scale,
                 True, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
@@ -124,6 +79,8 @@ def _row_stats_kernel(
     else:
         # Key tiles entirely visible to every row of this tile need no mask; the
         # tiles from n_full up to hi_end straddle the diagonal (or the end of k).
+        lo = pos  # unused: the causal rule needs no intervals
+        hi = pos
         n_lo = 0
         n_full, hi_end = causal_tiles(q_offset, m0, nk, BLOCK_M, BLOCK_N, CAUSAL)
 
@@ -160,12 +117,7 @@ def _row_stats_kernel(
         cols = n0 + offs_n
         k = load_rows(K, k_base, k_flat0, n0, offs_n, nk, stride_kn, d_ok, True, TMA, UPCAST)
         s = qk(q, k, sc_in, sc_out, PRECISION, SOFTCAP, slope, pos, cols, ALIBI)
-        if BOUNDS:
-            valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
-        else:
-            valid = cols[None, :] < nk
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= pos[:, None])
+        valid = visible(cols, lo, hi, pos, nk, BOUNDS, CAUSAL)
         m_i, l_i, a_i, t_i, _, _ = softmax_tile(
             s, m_i, l_i, a_i, t_i, n0, valid, qk_scale,
             True, ENTROPY, ARGMAX, BLOCK_N, EXP, ASM,
@@ -191,47 +143,19 @@ def launch_rows(
     grid = (triton.cdiv(L.nq, cfg.row_block_m), L.b * L.hq)
     q, k = L.operands(cfg.row_block_m, cfg.row_block_n, cfg.row_tma)
     _row_stats_kernel[grid](
-        q,
-        k,
-        lse,
-        mx,
-        arg,
+        q, k, lse, mx, arg,
         ent if ent is not None else lse,  # unused pointer when ENTROPY is off
-        L.q.stride(0),
-        L.q.stride(1),
-        L.q.stride(2),
-        L.k.stride(0),
-        L.k.stride(1),
-        L.k.stride(2),
+        *L.strides,
         L.lo if L.lo is not None else arg,  # unused pointers without BOUNDS / SINKS
         L.hi if L.hi is not None else arg,
         L.sinks if L.sinks is not None else lse,
         L.alibi if L.alibi is not None else lse,
-        L.nq,
-        L.nk,
-        L.q_offset,
-        L.hq,
-        L.group,
-        L.qk_scale,
-        L.softcap_in,
-        L.softcap_out,
-        D=L.d,
-        BLOCK_D=max(16, triton.next_power_of_2(L.d)),
-        BLOCK_M=cfg.row_block_m,
-        BLOCK_N=cfg.row_block_n,
-        CAUSAL=L.causal,
-        BOUNDS=L.lo is not None,
-        SOFTCAP=L.softcap_in > 0,
-        SINKS=L.sinks is not None,
-        ENTROPY=ent is not None,
-        ARGMAX=cfg.argmax_mode if argmax else 0,
-        PIPELINE=cfg.row_pipeline,
-        PRECISION=L.precision,
-        UPCAST=L.upcast,
-        EXP=exp_mode(cfg.row_exp, L.q.dtype),
-        ASM=not interpreting(),
-        TMA=cfg.row_tma and L.tma,
-        ALIBI=L.alibi is not None,
-        num_warps=cfg.row_warps,
-        num_stages=cfg.row_stages,
-    )
+        *L.sizes_and_scales,
+        D=L.d, BLOCK_D=L.block_d, BLOCK_M=cfg.row_block_m, BLOCK_N=cfg.row_block_n,
+        CAUSAL=L.causal, BOUNDS=L.lo is not None, SOFTCAP=L.softcap_in > 0,
+        SINKS=L.sinks is not None, ENTROPY=ent is not None,
+        ARGMAX=cfg.argmax_mode if argmax else 0, PIPELINE=cfg.row_pipeline,
+        PRECISION=L.precision, UPCAST=L.upcast, EXP=exp_mode(cfg.row_exp, L.q.dtype),
+        ASM=not interpreting(), TMA=cfg.row_tma and L.tma, ALIBI=L.alibi is not None,
+        num_warps=cfg.row_warps, num_stages=cfg.row_stages,
+    )  # fmt: skip

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def pytest_addoption(parser):
@@ -178,3 +179,25 @@ def rank_every_head():
         )
 
     return rank
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any ATen op produces while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.fixture(scope="session")
+def largest_tensor() -> type[LargestTensor]:
+    """A context manager whose ``largest`` is the element count of the largest tensor made
+    inside it: memory tests watch every intermediate, in-place buffers too."""
+    return LargestTensor

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -200,28 +199,13 @@ def check_stats(
         assert st.col_sum is None and st.col_mean is None
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any ATen op produces."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.fixture(scope="session")
-def oracle() -> SimpleNamespace:
+def oracle(largest_tensor) -> SimpleNamespace:
     """Helpers shared by the kernel tests (fixtures avoid importing conftest)."""
     return SimpleNamespace(
         dense=dense_reference,
         visible=dense_visible,
         rel_err=rel_err,
         check=check_stats,
-        largest_tensor=LargestTensor,
+        largest_tensor=largest_tensor,
     )

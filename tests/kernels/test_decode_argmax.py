@@ -6,23 +6,16 @@ Without CUDA it runs under TRITON_INTERPRET=1 (conftest.py) on CPU tensors.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_runs import DEVICE, require_triton
 
-pytest.importorskip("triton")
+require_triton()
 
 from headhunt.kernels import launch  # noqa: E402
 from headhunt.kernels.triton_decode import decode_argmax_layers  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-if not CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("no CUDA and the Triton interpreter is off", allow_module_level=True)
 
 
 def _layers(n_layers, b, hq, hkv, nk, d, dtype, strided=False):

@@ -10,22 +10,15 @@ the scores are the bias alone). Without CUDA the kernels run under TRITON_INTERP
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from triton_runs import CUDA, DEVICE, require_triton
 
-pytest.importorskip("triton")
+require_triton()
 
-from headhunt.kernels import AttentionVariant, attention_stats, fused_supported  # noqa: E402
+from headhunt.kernels import AttentionVariant, attention_stats, fused_supported, launch  # noqa: E402
 from headhunt.kernels.config import KernelConfig  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-if not CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("no CUDA and the Triton interpreter is off", allow_module_level=True)
-
-from headhunt.kernels import launch  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp2(-inf) on empty rows
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}

@@ -8,24 +8,18 @@ compiled, plus the model's [b, n, heads, d] memory layout with bulk tensor copie
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
+from triton_runs import CUDA, DEVICE, require_triton
 
-pytest.importorskip("triton")
+require_triton()
 
 from headhunt.kernels import AttentionVariant, launch  # noqa: E402
 from headhunt.kernels import triton_columns as tc  # noqa: E402
 from headhunt.kernels.config import KernelConfig, default_config  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-if not CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("no CUDA and the Triton interpreter is off", allow_module_level=True)
 
 # The interpreter's tiles: (col_block_n keys, col_block_m rows); on CUDA the defaults too.
 TILES = [(16, 16), (32, 16), (16, 32)]

@@ -7,12 +7,11 @@ tests add realistic sizes and tile shapes.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_runs import CUDA, DEVICE, require_triton
 
-pytest.importorskip("triton")
+require_triton()
 
 from headhunt.kernels import (  # noqa: E402
     AttentionVariant,
@@ -22,16 +21,11 @@ from headhunt.kernels import (  # noqa: E402
 )
 from headhunt.kernels.config import KernelConfig, default_config, exp_mode  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 # Under the interpreter, numpy warns about the intentional -inf arithmetic of masked
 # entries (exp2(-inf), log(0) for rows that see no key); those are not failures.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-if not CUDA and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("no CUDA and the Triton interpreter is off", allow_module_level=True)
 
 # (b, hq, hkv, nq, nk, d, causal, q_offset, dtype): GQA 3/4/1, lengths that are not a
 # multiple of the 16-wide interpreter tiles, decode-like nq < nk, nq > nk, queries

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import zlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from triton_runs import DEVICE, require_triton
 
 from headhunt.kernels import AttentionVariant, attention_probs_at, attention_stats
 from headhunt.kernels.config import KernelConfig, default_config
@@ -110,15 +110,12 @@ def test_torch_variants_match_dense(case, oracle):
 
 def _triton():
     """The Triton module, compiled on CUDA or interpreted on the CPU (conftest.py)."""
-    pytest.importorskip("triton")
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("no CUDA and the Triton interpreter is off")
+    require_triton()
     from headhunt.kernels import launch
 
     return launch
 
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Under the interpreter every tile costs Python time: one case per feature.
 TRITON_CASES = [
     c

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionHook
@@ -99,23 +98,10 @@ def test_a_sliding_window_layer_of_gemma_matches_its_dense_attention(gemma):
     assert (view.argmax == dense.argmax(1)).mean() > 0.99  # float ties may differ
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation returns while it is active."""
-
-    largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def test_no_tensor_of_the_forward_or_the_view_holds_a_quarter_of_n_by_n(long_tiny):
+def test_no_tensor_of_the_forward_or_the_view_holds_a_quarter_of_n_by_n(long_tiny, largest_tensor):
     n = 4096
     ids = ids_of(long_tiny, n, seed=3)
-    with LargestTensor() as watch:
+    with largest_tensor() as watch:
         view = head_view(long_tiny, ids, 1, 0, rows=[1000], tokens=False)
     assert view.n == n and len(view.row(1000)) == n
     assert 0 < watch.largest < n * n // 4, watch.largest
