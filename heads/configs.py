@@ -281,6 +281,24 @@ class Ranking(MethodConfig):
 
 
 @dataclass
+class PruneMeasurement(DecodeBatch):
+    """How pruned models are compared (prune's ``--evaluate`` and the library's
+    :class:`~headhunt.heads.evaluations.prune_eval.PruneEvalConfig`): the random head sets, the
+    needle trials and the perplexity windows each pruned model is measured on."""
+
+    unit: str = option(
+        "head",
+        "head: rank and drop query heads (uneven GQA groups get zero pad heads); kv: rank KV "
+        "groups by their best query head and drop whole groups (k/v and the KV cache shrink)",
+        choices=("head", "kv"),
+    )
+    draws: int = option(3, "random head sets per share", min=0)
+    lengths: list[int] = default_of(NeedlePrompts, "lengths", [1000, 2000])
+    depths: list[float] = default_of(NeedlePrompts, "depths", [0.0, 50.0, 100.0])
+    ppl_windows: int = option(8, "perplexity windows (512 tokens)", min=1)
+
+
+@dataclass
 class KVEvalConfig(Ranking, DecodeBatch, NeedlePrompts):
     """A KV-cache evaluation: the rankings it compares, and the sweep over the share of KV
     heads that keep the full cache (the others keep ``sink`` + ``recent`` tokens) on needle

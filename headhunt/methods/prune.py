@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headhunt.config import fields_of
 from headhunt.errors import HeadhuntError
-from headhunt.heads.configs import Ranking
+from headhunt.heads.configs import PruneMeasurement, Ranking
 from headhunt.methods.base import Method, option, print_table
 
 RECORDS = "conditions.jsonl"
 
 
 @dataclass
-class PruneConfig(Ranking):
+class PruneConfig(PruneMeasurement, Ranking):
     """Which heads go (a share of a ranking, or a list), and what to measure."""
 
     tiebreak: str = option(
@@ -26,19 +27,8 @@ class PruneConfig(Ranking):
         None, "share of query heads kept (top first)", type=float, min=0, max=1
     )
     drop_heads: str | None = option(None, "heads to drop instead: L-H,L-H,...", type=str)
-    unit: str = option(
-        "head",
-        "head: rank and drop query heads (uneven GQA groups get zero pad heads); kv: rank KV "
-        "groups by their best query head and drop whole groups (k/v and the KV cache shrink)",
-        choices=("head", "kv"),
-    )
     evaluate: bool = option(False, "measure against reverse and random pruning")
     sweep: list[float] | None = option(None, "more kept shares to measure", type=float)
-    draws: int = option(3, "random head sets per share", min=0)
-    lengths: list[int] = option([1000, 2000], "needle prompt lengths", min=64)
-    depths: list[float] = option([0.0, 50.0, 100.0], "needle depths in percent")
-    ppl_windows: int = option(8, "perplexity windows (512 tokens)", min=1)
-    batch_size: int = option(8, "needle trials decoded together", min=1)
 
     def check(self) -> None:
         from headhunt.export import read_scores
@@ -70,19 +60,11 @@ class PruneConfig(Ranking):
             read_scores(path, metric)
 
     def evaluation(self):
+        """The library's config of the evaluation: this run's measurement at every kept share."""
         from headhunt.heads.evaluations.prune_eval import PruneEvalConfig
 
         keep = sorted({self.keep or 1.0, *(self.sweep or [])} - {1.0}, reverse=True)
-        return PruneEvalConfig(
-            keep=keep or [1.0],
-            draws=self.draws,
-            lengths=self.lengths,
-            depths=self.depths,
-            ppl_windows=self.ppl_windows,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            unit=self.unit,
-        )
+        return PruneEvalConfig(keep=keep or [1.0], **fields_of(self, PruneMeasurement))
 
 
 def say_tied_cut(ctx, scores, n_kv_heads: int | None, n_kept: int, config: PruneConfig) -> None:

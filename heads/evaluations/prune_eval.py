@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,9 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from headhunt.config import fields_of, option
 from headhunt.errors import HeadhuntError
+from headhunt.heads.configs import NeedleTrials, PruneMeasurement
 from headhunt.heads.evaluations.causal import needle_recall
 from headhunt.heads.inputs.needles import read_haystack
 from headhunt.heads.interventions.masking import HeadMask
@@ -44,50 +46,30 @@ from headhunt.probes.hooked import HookedModel
 
 
 @dataclass
-class PruneEvalConfig:
-    """What to measure.
+class PruneEvalConfig(PruneMeasurement, NeedleTrials):
+    """What to measure: :class:`~headhunt.heads.configs.PruneMeasurement` (the unit, random
+    draws, needle lengths and depths, perplexity windows, batch size: prune's ``--evaluate``
+    options) at every kept share, on fresh needle trials (:class:`NeedleTrials`: another seed
+    stream than a retrieval run's).
 
     Attributes:
-        keep: fractions of query heads kept.
-        draws: random head sets per fraction.
-        lengths, depths, needles, repeats, max_new_tokens: the needle trials (fresh: another
-            seed stream than a retrieval run's).
-        ppl_windows, ppl_length: perplexity windows from the bundled essays (or ``haystack``).
+        keep: shares of query heads kept, one pruned model each.
+        ppl_length: tokens per perplexity window (from the bundled essays, or ``haystack``).
         speed_length: tokens of the timed prefill (batch of one; median of 3 after a warm-up).
-        batch_size: needle trials decoded together.
-        unit: ``head`` (rank and drop query heads) or ``kv`` (rank KV groups by their best query
-            head and drop whole groups, so the k/v projections and the KV cache shrink too).
         calibration_repeats: trials per (length, depth, needle) of the calibration set that
             :func:`masking_effect` is measured on (a third seed stream: neither the scoring
             run's nor the evaluation's trials).
     """
 
-    keep: list[float] = field(default_factory=lambda: [0.9, 0.75, 0.5])
-    draws: int = 3
-    lengths: list[int] = field(default_factory=lambda: [1000, 2000])
-    depths: list[float] = field(default_factory=lambda: [0.0, 50.0, 100.0])
-    needles: list[str] = field(default_factory=lambda: ["passkey", "city", "magic"])
-    repeats: int = 1
-    max_new_tokens: int = 24
-    ppl_windows: int = 8
-    ppl_length: int = 512
-    speed_length: int = 2048
-    batch_size: int = 8
-    seed: int = 0
-    haystack: str | None = None
-    unit: str = "head"
-    calibration_repeats: int = 1
+    keep: list[float] = option([0.9, 0.75, 0.5], "shares of query heads kept", above=0, max=1)
+    ppl_length: int = option(512, "tokens per perplexity window", min=2)
+    speed_length: int = option(2048, "tokens of the timed prefill", min=1)
+    calibration_repeats: int = option(1, "calibration trials per needle cell", min=1)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def validate(self) -> None:
-        if not self.keep or any(not 0 < k <= 1 for k in self.keep):
-            raise HeadhuntError("keep fractions must be in (0, 1]")
-        if self.draws < 0 or self.ppl_windows < 1 or self.batch_size < 1:
-            raise HeadhuntError("draws must be >= 0, ppl windows and batch size >= 1")
-        if self.unit not in ("head", "kv"):
-            raise HeadhuntError(f"unknown unit {self.unit!r} (head or kv)")
+    def validate(self, model: HookedModel | None = None) -> None:
+        if not self.keep:
+            raise HeadhuntError("keep lists no share of heads to measure")
+        super().validate(model)
 
 
 @dataclass
@@ -103,15 +85,9 @@ class Materials:
 def needle_trials(model: HookedModel, config: PruneEvalConfig, *, calibration: bool = False):
     """The evaluation's fresh needle trials, or (``calibration``) the calibration set: another
     seed stream again, so a tie-break measured on it is not fitted to the evaluation."""
-    grid = RetrievalConfig(
-        lengths=config.lengths,
-        depths=config.depths,
-        needles=config.needles,
-        repeats=config.calibration_repeats if calibration else config.repeats,
-        max_new_tokens=config.max_new_tokens,
-        seed=config.seed + FRESH_SEED_OFFSET * (2 if calibration else 1),
-        haystack=config.haystack,
-    )
+    repeats = config.calibration_repeats if calibration else config.repeats
+    seed = config.seed + FRESH_SEED_OFFSET * (2 if calibration else 1)
+    grid = RetrievalConfig(**{**fields_of(config, NeedleTrials), "repeats": repeats, "seed": seed})
     return build_trials(model, grid)
 
 

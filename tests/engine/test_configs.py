@@ -200,8 +200,6 @@ def test_help_states_each_default_once_and_never_none_or_a_bool():
 # shared names: a second declaration of one config, not a shared word), each with why it is
 # not merged yet. The list only shrinks (the test after next).
 KNOWN_PAIRS = {
-    "headhunt.heads.evaluations.prune_eval.PruneEvalConfig": "prune's --keep is the pruned model's one share "
-    "(plus --sweep); the library's keep is the list of shares measured",
     "headhunt.probes.linear.ProbeConfig": "probe's --task auto and --controls none are resolved "
     "from the target before the prober's config is made",
     "headhunt.probes.states.CaptureConfig": "probe's --state-dtype, --layers, --heads, "
