@@ -36,6 +36,7 @@ UNDERSTOOD_KWARGS = frozenset(
         "sliding_window",  # the mask carries the window (transformers builds it per layer type)
         "softcap",
         "s_aux",  # learned sink logits (gpt-oss and its descendants)
+        "alibi_slopes",  # ALiBi (BLOOM, MPT): per-head linear position bias, set by the module
         "is_causal",
         "position_ids",
         "cache_position",
@@ -139,6 +140,15 @@ class AttentionCall:
         s = self.kwargs.get("s_aux")
         return None if s is None else s.detach()
 
+    @property
+    def alibi_slopes(self) -> Float[Tensor, " hq"] | None:
+        """ALiBi slope per query head (Press et al., arXiv 2108.12409): the scaled score of
+        query position p and key position j gets ``slope * (j - p)`` added, before any softcap.
+        Only a module headhunt captures through its own code passes it
+        (:mod:`headhunt.probes.module_attention`)."""
+        s = self.kwargs.get("alibi_slopes")
+        return None if s is None else s.detach()
+
     def visible_keys(self) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
         """First and last visible key index of every row from the mask (None: no mask, so
         causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
@@ -173,6 +183,8 @@ class AttentionCall:
             kw["softcap"] = self.softcap
         if self.sinks is not None:
             kw["sinks"] = self.sinks
+        if self.alibi_slopes is not None:
+            kw["alibi_slopes"] = self.alibi_slopes
         vis = self.visible_keys()
         if vis is None:
             return kw
@@ -245,6 +257,12 @@ class AttentionCall:
             idx = torch.as_tensor(heads, device=q.device)
             s = torch.matmul(qr[:, idx], k[:, idx // (hq // hkv)].transpose(-1, -2))
         s = s.float() * self.scaling
+        if self.alibi_slopes is not None:  # slope * (key - query), in query-relative positions
+            slopes = self.alibi_slopes.float().to(s.device)
+            slopes = slopes if heads is None else slopes[torch.as_tensor(heads, device=s.device)]
+            p = torch.arange(nq, device=s.device)[rows] + self.q_offset
+            rel = torch.arange(nk, device=s.device)[None, :] - p[:, None]
+            s = s + slopes[None, :, None, None] * rel.float()
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         return s.masked_fill(~self.visible(rows)[:, None], float("-inf"))
@@ -414,6 +432,9 @@ def base_kernel(module: torch.nn.Module, call: AttentionCall | None = None):
     ``eager_attention_forward`` of the model's own modeling file."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    own = getattr(module, "headhunt_kernel", None)
+    if own is not None:  # a module captured through its own code keeps computing with it
+        return own
     name = base_name(module, call)
     if name == "eager":
         return _eager_function(module)
@@ -422,6 +443,8 @@ def base_kernel(module: torch.nn.Module, call: AttentionCall | None = None):
 
 def base_name(module: torch.nn.Module, call: AttentionCall | None = None) -> str:
     """The name of the kernel :func:`base_kernel` picks for ``call``."""
+    if getattr(module, "headhunt_kernel", None) is not None:
+        return "own"
     name = getattr(module, "headhunt_base", "sdpa")
     if call is None or name == "eager":
         return name
@@ -500,7 +523,11 @@ def check_call(call: AttentionCall) -> None:
     call.visible_keys()  # refuses masks that are not per-row intervals
 
 
-def _headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+def headhunt_attention(module: torch.nn.Module, query, key, value, attention_mask, **kwargs: Any):
+    """The seam: every captured attention call comes here, with transformers' attention-function
+    arguments (q, k, v as [b, heads, n, d], the layer's mask); returns ``(output [b, nq, hq, d],
+    weights)``. transformers calls it through the ``AttentionInterface``; a module that computes
+    attention in its own code calls it from :mod:`headhunt.probes.module_attention`."""
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
     call = AttentionCall(
         module.headhunt_layer,
@@ -631,7 +658,7 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(IMPLEMENTATION, _headhunt_attention)
+    AttentionInterface.register(IMPLEMENTATION, headhunt_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 

@@ -232,8 +232,9 @@ class DecodeArgmax(AttentionHook):
         if call.layer in self._pending:  # a new step before anyone read the last one
             self._flush()
         # Without a mask the query sees its whole cache (kernel_kwargs would say only
-        # scale, causality, offset, softcap and sinks): the cheap check first.
-        plain = call.attention_mask is None and call.softcap is None
+        # scale, causality, offset, softcap and sinks): the cheap check first. The many-layer
+        # kernel adds no ALiBi bias: such layers go through attention_stats below.
+        plain = call.attention_mask is None and call.softcap is None and call.alibi_slopes is None
         kw = None if plain else call.kernel_kwargs()
         if (plain or kw.keys() <= self._WHOLE_CACHE) and self._batched_ok(call):
             self._pending[call.layer] = (call.query, call.key, call.key_start)

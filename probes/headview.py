@@ -281,8 +281,9 @@ def _head_capture(head: int, rows: Sequence[int], backend: str):
             q = call.query[:, h : h + 1].detach().clone()
             k = call.key[:, kv : kv + 1].detach().clone()
             kw = call.kernel_kwargs(batch=0)
-            if kw.get("sinks") is not None:
-                kw["sinks"] = kw["sinks"][h : h + 1]
+            for per_head in ("sinks", "alibi_slopes"):
+                if kw.get(per_head) is not None:
+                    kw[per_head] = kw[per_head][h : h + 1]
             stats = _stats_by_query_blocks(q, k, kw, self.backend)
             counts = call.key_counts()[0].to(stats["col_sum"].device)
             src = _Source(q, k, stats["lse"][None, None], kw)

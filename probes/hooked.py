@@ -13,7 +13,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.probes import attention
+from headhunt.probes import attention, module_attention
 from headhunt.probes.attention import AttentionHook
 
 
@@ -95,13 +95,17 @@ class HookedModel:
                 "decoder-only causal LMs"
             )
         attention.register()
-        try:
-            self.model.set_attn_implementation(attention.IMPLEMENTATION)
-        except (ValueError, NotImplementedError, AttributeError) as e:
-            raise HeadhuntError(
-                f"{type(self.model).__name__} does not take a custom attention implementation "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-            ) from None
+        # Modules that compute attention in their own code are routed through the seam where
+        # they are (their model keeps its own attention implementation and masks); every other
+        # model calls headhunt's implementation through transformers' AttentionInterface.
+        if not module_attention.adapt(self.model):
+            try:
+                self.model.set_attn_implementation(attention.IMPLEMENTATION)
+            except (ValueError, NotImplementedError, AttributeError) as e:
+                raise HeadhuntError(
+                    f"{type(self.model).__name__} does not take a custom attention "
+                    f"implementation ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                ) from None
         found = attention.attention_modules(self.model)
         if cfg is not self.model.config:  # a multimodal model: only its text tower is captured
             found = [m for m in found if m.config is cfg]

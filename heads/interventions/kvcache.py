@@ -338,6 +338,7 @@ def _check_plain(call: AttentionCall) -> None:
     for what, value in (
         ("a logit softcap", call.softcap),
         ("learned sink logits", call.sinks),
+        ("ALiBi position biases", call.alibi_slopes),
         ("a sliding window", call.window),
         ("chunked attention", call.chunk),
     ):

@@ -247,6 +247,42 @@ def zeroed():
     return zeroed_query_reference()
 
 
+def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
+    """For an attention module that computes attention in its own code (no AttentionInterface),
+    its query projection and where head h's query sits in that projection's output."""
+    name, d = type(module).__name__, getattr(module, "head_dim", None)
+    if name == "GPTNeoSelfAttention":  # q_proj: [.., heads * d]
+        return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
+    if name == "MptAttention":  # Wqkv: [.., 3 * heads * d], queries first
+        return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)
+    if name == "BloomAttention":  # query_key_value: [.., heads, 3, d], query first
+        return module.query_key_value, lambda h: slice(3 * h * d, 3 * h * d + d)
+    return None
+
+
+def _zero_module_queries(model, heads: list[tuple[int, int]]) -> list:
+    """Forward hooks that zero the queries of ``heads`` in modules captured through their own
+    code (the reference :func:`_reference_attention` cannot reach)."""
+    handles = []
+    for module in model.modules():
+        found = _query_slice(module)
+        layer = getattr(module, "layer_idx", getattr(module, "layer_id", None))
+        if found is None:
+            continue
+        proj, where = found
+        parts = [where(h) for lay, h in heads if lay == layer]
+
+        def zero(_mod, _args, out, parts=parts):
+            out = out.clone()
+            for part in parts:
+                out[..., part] = 0
+            return out
+
+        if parts:
+            handles.append(proj.register_forward_hook(zero))
+    return handles
+
+
 def zeroed_query_reference():
     """Register the masking reference; return a context manager (eager model, heads)."""
     from transformers import AttentionInterface
@@ -262,10 +298,15 @@ def zeroed_query_reference():
         def __enter__(self):
             for layer, head in self.heads:
                 _ZEROED.setdefault(layer, []).append(head)
-            self.model.set_attn_implementation(REFERENCE)
+            self.handles = _zero_module_queries(self.model, self.heads)
+            if not self.handles:
+                self.model.set_attn_implementation(REFERENCE)
 
         def __exit__(self, *exc):
             _ZEROED.clear()
-            self.model.set_attn_implementation("eager")
+            for handle in self.handles:
+                handle.remove()
+            if not self.handles:
+                self.model.set_attn_implementation("eager")
 
     return zeroed

@@ -98,7 +98,7 @@ FAMILIES: dict[str, str] = {
     "gpt-sw3": "pass",
     "gpt2": "pass",
     "gpt_bigcode": "pass",
-    "gpt_neo": "refused: no attention module with a layer index",
+    "gpt_neo": "pass",
     "gpt_neox": "pass",
     "gpt_neox_japanese": "refused: no attention module with a layer index",
     "gpt_oss": "pass",
