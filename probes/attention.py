@@ -664,7 +664,12 @@ def register() -> None:
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The self-attention module of every layer, in layer order."""
-    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
+    found = [
+        m
+        for m in model.modules()
+        if hasattr(m, "layer_idx")
+        and (hasattr(m, "config") or getattr(m, "headhunt_adapted", False))
+    ]
     found = [m for m in found if type(m).__name__.endswith("Attention")]
     # a module shared by several layers (layer index None) sorts last
     return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))

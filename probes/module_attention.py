@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from headhunt.errors import HeadhuntError
 from headhunt.probes import attention
 
 __all__ = ["adapt"]
@@ -89,6 +90,119 @@ def _gpt_neo(module: torch.nn.Module) -> None:
     module._attn = routed
 
 
+# ---------------------------------------------------------------------------------- ALiBi
+
+
+def _alibi_scores(module, query, key, attention_mask, kwargs) -> Tensor:
+    """[b, h, nq, nk] float32 logits of an ALiBi module: the scaled products plus
+    ``slope * (j - (nk - 1))`` (MPT's bias; BLOOM's differs by a constant per row, which no
+    softmax sees), masked with the dtype's minimum as both modules do."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * kwargs["scaling"]
+    slopes = kwargs.get("alibi_slopes")
+    if slopes is not None:
+        nk = key.shape[2]
+        rel = torch.arange(1 - nk, 1, dtype=torch.int32, device=key.device).view(1, 1, 1, nk)
+        scores = scores + rel * slopes.view(1, -1, 1, 1)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~_visible(attention_mask), torch.finfo(query.dtype).min)
+    return scores
+
+
+def _mpt(module: torch.nn.Module) -> None:
+    """``MptAttention`` (MosaicML MPT): fused ``Wqkv`` (clipped to ``clip_qkv`` when set),
+    scores ``q . k * softmax_scale`` plus the model's ALiBi tensor ``position_bias``
+    (``slope * (j - (L - 1))`` over the last keys; Press et al., arXiv 2108.12409), a boolean
+    mask (True = masked), softmax in float32. The slopes are read off ``position_bias`` itself:
+    its last two columns differ by exactly one slope. Its forward is restated here around the
+    seam, with its own score code as the kernel (:func:`_alibi_scores`, the same float32 bias)."""
+
+    def kernel(_module, query, key, value, attention_mask, **kwargs):
+        scores = _alibi_scores(module, query, key, attention_mask, kwargs)
+        weights = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+        return torch.matmul(weights, value).transpose(1, 2), weights
+
+    def forward(hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
+        b, n = hidden_states.shape[:2]
+        qkv = module.Wqkv(hidden_states)
+        if module.clip_qkv:
+            qkv = qkv.clamp(min=-module.clip_qkv, max=module.clip_qkv)
+        q, k, v = (
+            x.reshape(b, n, module.n_heads, module.head_dim).transpose(1, 2)
+            for x in qkv.chunk(3, dim=2)
+        )
+        if cache is not None:
+            k, v = cache.update(k, v, module.layer_idx, kwargs=kwargs)
+        call_kwargs = {"scaling": module.softmax_scale}
+        if position_bias is not None:
+            call_kwargs["alibi_slopes"] = (
+                position_bias[:, 0, -1] - position_bias[:, 0, -2]
+            ).float()
+        visible = None if attention_mask is None else ~attention_mask  # MPT's True is masked
+        out, weights = attention.headhunt_attention(module, q, k, v, visible, **call_kwargs)
+        return module.out_proj(out.reshape(b, n, -1)), weights
+
+    module.headhunt_kernel = kernel
+    module.forward = forward
+
+
+def _bloom(module: torch.nn.Module) -> None:
+    """``BloomAttention`` (BigScience BLOOM): fused ``query_key_value`` laid out [.., heads, 3,
+    d], scores ``alibi + q . k / sqrt(d)`` with the model's ``alibi`` tensor (``slope *
+    position``, positions counted from each row's first real token), an additive mask,
+    softmax in float32. The slopes are the modeling file's own (``_get_alibi_slopes``). BLOOM
+    rounds its bias to the model's dtype; below float32 that rounding (up to a unit at long
+    context) is not the exact bias headhunt's kernels add, so such a model is refused."""
+    import sys
+
+    slopes_of = sys.modules[type(module).__module__]._get_alibi_slopes
+    dropout_add = sys.modules[type(module).__module__].dropout_add
+
+    def kernel(_module, query, key, value, attention_mask, **kwargs):
+        b, h, nq, d = query.shape
+        alibi = module.headhunt_alibi  # this call's [b * h, 1, nk] bias, set by forward
+        scores = alibi.baddbmm(
+            batch1=query.reshape(b * h, nq, d),
+            batch2=key.reshape(b * h, -1, d).transpose(-1, -2),
+            beta=module.beta,
+            alpha=kwargs["scaling"],
+        ).view(b, h, nq, -1)
+        if attention_mask is not None:
+            scores = scores + _additive(attention_mask, scores.dtype)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, value).transpose(1, 2), weights
+
+    def forward(hidden_states, residual, alibi, attention_mask, layer_past=None, **kwargs):
+        if alibi.dtype != torch.float32:
+            raise HeadhuntError(
+                f"layer {module.layer_idx}: BLOOM rounds its ALiBi bias to {alibi.dtype}, which "
+                "headhunt's kernels do not reproduce (they add the exact bias); load it in float32"
+            )
+        if module.pretraining_tp > 1 and module.slow_but_exact:
+            raise HeadhuntError(
+                "BLOOM's slow_but_exact output projection (pretraining_tp > 1) is not captured"
+            )
+        b, n = hidden_states.shape[:2]
+        q, k, v = module._reshape(module.query_key_value(hidden_states))
+        if layer_past is not None:
+            k, v = layer_past.update(k, v, module.layer_idx)
+        slopes = slopes_of(module.num_heads, hidden_states.device)
+        module.headhunt_alibi = alibi
+        try:
+            out, weights = attention.headhunt_attention(
+                module, q, k, v, _visible(attention_mask), scaling=module.inv_norm_factor,
+                alibi_slopes=slopes,
+            )  # fmt: skip
+        finally:
+            module.headhunt_alibi = None
+        output = module.dense(out.reshape(b, n, -1))
+        return dropout_add(output, residual, module.hidden_dropout, module.training), weights
+
+    module.headhunt_kernel = kernel
+    module.forward = forward
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
+    "BloomAttention": _bloom,
     "GPTNeoSelfAttention": _gpt_neo,
+    "MptAttention": _mpt,
 }
