@@ -60,10 +60,11 @@ def option(
     return field(default=default, metadata=meta)
 
 
-def default_of(base: type, name: str, default: Any) -> Any:
+def default_of(base: type, name: str, default: Any, **meta_changes: Any) -> Any:
     """Field ``name`` of config class ``base`` (help, bounds, flag: its one declaration) with
-    another default, for a config that shares the field with another method's."""
-    meta = dict(base.__dataclass_fields__[name].metadata)
+    another default, for a config that shares the field with another method's; ``meta_changes``
+    (``help``, ``type``) say what else differs, such as a default that depends on the device."""
+    meta = {**base.__dataclass_fields__[name].metadata, **meta_changes}
     if "declared_by" not in meta:  # the class that wrote the field (for the duplicate test)
         (owner,) = [c for c in base.__mro__ if name in c.__dict__.get("__annotations__", {})][-1:]
         meta["declared_by"] = f"{owner.__module__}.{owner.__qualname__}"

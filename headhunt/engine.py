@@ -274,7 +274,10 @@ def execute(
     if spec is not None and spec.device_map is None:
         from headhunt.probes.hooked import pick_device
 
-        pick_device(spec.device)  # an absent device (--device mps) fails before anything else
+        device = pick_device(spec.device).type  # an absent device (--device mps) fails now
+    else:
+        device = "cuda" if model is None else model.device.type  # a device map spreads GPUs
+    config = method.for_device(config, device)  # defaults sized to the device, recorded
     name = spec.spec if model is None else _model_name(model)
     params = method.run_parameters(config, name, spec)
     dist = distributed.init()

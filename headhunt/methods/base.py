@@ -96,6 +96,11 @@ class Method:
         """Load the model a run names (override for models of a method's own format)."""
         return spec.load()
 
+    def for_device(self, config: MethodConfig, device: str) -> MethodConfig:
+        """The config a run on ``device`` ("cpu", "cuda") uses: defaults sized to the device
+        filled in (override; the run's parameters record the result)."""
+        return config
+
     def parameters(self, config: MethodConfig, model: str) -> dict[str, Any]:
         """What decides the numbers of a run (``parameters.json``; a resume must match)."""
         return {**config.to_dict(), "model": model}

@@ -84,7 +84,9 @@ Tasks: ioi, greater-than, docstring (generated for the model's tokenizer), or --
 lines {"positive": ..., "negative": ..., "answer": " Mary", "wrong": " John"} ("answer" and
 "wrong" may be lists; both are needed for the ground truth and EAP, not for the SAE scores).
 SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-examples 10
---position mean --head-norm none --dict-size 200."""
+--position mean --head-norm none --dict-size 200. --pairs, --trials and --dict-size default to
+the device's size: the full setting on a GPU, a smaller one on a CPU (minutes instead of most of
+an hour, the same held-out AUC; docs/circuits.md); the run's parameters record the values."""
     units = "trials"
     panels = frozenset({CIRCUIT})
 
@@ -113,6 +115,9 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
                 raise HeadhuntError(f"cannot read --task-file {path}: {e.strerror or e}") from None
             read_task_file(path)
 
+    def for_device(self, config: CircuitsConfig, device: str) -> CircuitsConfig:
+        return config.for_device(device)
+
     def parameters(self, config: CircuitsConfig, model: str) -> dict[str, Any]:
         return {"model": model, **numbers(config)}
 
@@ -126,10 +131,20 @@ SAE defaults were chosen on SmolLM2-135M (docs/circuits.md); the paper's: --sae-
 
         from headhunt.sae import activations, report
         from headhunt.sae.circuits import NODE_RULES, summarize
+        from headhunt.sae.configs import DEVICE_DEFAULTS
         from headhunt.scores import HeadScores
 
         L, H = model.n_layers, model.n_heads
         params = numbers(config)
+        cpu, gpu = DEVICE_DEFAULTS["cpu"], DEVICE_DEFAULTS["cuda"]
+        if model.device.type == "cpu" and all(params[k] == v for k, v in cpu.items()):
+            ctx.say(
+                "circuits: the CPU's defaults, "
+                + ", ".join(f"{k} {v}" for k, v in cpu.items())
+                + " (on a GPU: "
+                + ", ".join(f"{k} {v}" for k, v in gpu.items())
+                + ")"
+            )
         progress = config.progress and ctx.show_progress
         pairs = _pairs(model, config, params, ctx)
         timings = ctx.timings
