@@ -39,59 +39,17 @@ task and its control at equal probe complexity (and it saves two thirds of the f
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from jaxtyping import Float, Int
 
 from headhunt.errors import HeadhuntError
+from headhunt.probes.configs import ProbeConfig
 
 RESIDUAL = -1  # the `head` (and `kv_head`) value of a whole-layer (residual stream) probe
 CONTROLS = ("control", "shuffled", "within_type")
-
-
-@dataclass
-class ProbeConfig:
-    """How probes are fitted.
-
-    Attributes:
-        task: ``classification`` or ``regression``.
-        test_fraction: share of texts held out for testing.
-        folds: cross-validation folds (over training texts) to pick the regularisation.
-        grid: inverse regularisation strengths tried: logistic ``C``; ridge uses
-            ``alpha = 1 / C``. Larger is weaker.
-        max_iter: logistic regression iterations.
-        controls: which controls to fit, from ``within_type``, ``shuffled`` and ``control``
-            (Hewitt & Liang); the ``selectivity_vs`` control is always fitted.
-        selectivity_vs: the control ``selectivity`` is measured against: ``within_type``,
-            ``shuffled``, ``control``, None (no selectivity) or ``auto``: within_type when
-            types repeat (at most half of the rows are their type's only row), else shuffled,
-            the rule by which each target names its informative one (``target.control``).
-        seed: seed of the split and the control labels.
-    """
-
-    task: str = "classification"
-    test_fraction: float = 0.25
-    folds: int = 3
-    grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1, 1.0])
-    max_iter: int = 500
-    controls: list[str] = field(default_factory=lambda: ["within_type", "shuffled"])
-    selectivity_vs: str | None = "auto"
-    seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ProbeConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @property
-    def score_name(self) -> str:
-        return "accuracy" if self.task == "classification" else "r2"
 
 
 @dataclass
@@ -153,12 +111,10 @@ class Prober:
         if config.selectivity_vs == "auto":
             ref = "within_type" if _alone(types) <= 0.5 else "shuffled"
             self.config = config = replace(config, selectivity_vs=ref)
-        wanted = set(config.controls) | ({config.selectivity_vs} - {None})
+        wanted = set(config.controls) - {"none"} | ({config.selectivity_vs} - {None})
         unknown = sorted(wanted - set(CONTROLS))
         if unknown:
             raise HeadhuntError(f"unknown controls {unknown} (choose from {', '.join(CONTROLS)})")
-        if not 0 < config.test_fraction < 1 or config.folds < 2:
-            raise HeadhuntError("need 0 < test fraction < 1 and at least 2 folds")
         if not len(labels) == len(groups) == len(types):
             raise HeadhuntError("labels, groups and types must have one entry per row")
         if config.task == "classification":

@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,11 +43,12 @@ from torch import Tensor
 from headhunt.atomic import write_atomic, write_file
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
+from headhunt.probes.configs import STATE_DTYPES, CaptureConfig
 from headhunt.probes.hooked import HookedModel
 
 META = "meta.json"
 FORMAT = 1
-STORE_DTYPES = {"float32": np.float32, "float16": np.float16}
+STORE_DTYPES = {name: getattr(np, name) for name in STATE_DTYPES}
 
 
 class TextPositions(Protocol):
@@ -56,49 +57,6 @@ class TextPositions(Protocol):
     id: str
     input_ids: Sequence[int]
     positions: Sequence[int]
-
-
-@dataclass
-class CaptureConfig:
-    """How states are captured.
-
-    Attributes:
-        layers: decoder layers to keep (0-based; None = all). Layer L's state is the residual
-            stream after decoder layer L.
-        heads: also keep each head's attention output (pre-``o_proj``) per chosen layer.
-        batch_size: texts per forward pass.
-        shard_size: texts per shard on disk (memory holds one shard's rows at a time).
-        dtype: storage dtype, ``float32`` or ``float16`` (half the disk; fine for probing
-            unless a model has activations beyond float16's range).
-    """
-
-    layers: list[int] | None = None
-    heads: bool = False
-    batch_size: int = 8
-    shard_size: int = 64
-    dtype: str = "float32"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CaptureConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def check(self, n_layers: int) -> list[int]:
-        """Validate against a model; return the sorted layer list."""
-        if self.batch_size < 1 or self.shard_size < 1:
-            raise HeadhuntError("batch size and shard size must be at least 1")
-        if self.dtype not in STORE_DTYPES:
-            raise HeadhuntError(f"unknown state dtype {self.dtype!r} (use float32 or float16)")
-        layers = list(range(n_layers)) if self.layers is None else sorted(set(self.layers))
-        bad = [x for x in layers if not 0 <= x < n_layers]
-        if bad or not layers:
-            raise HeadhuntError(
-                f"layers {bad or '[]'} do not exist: the model has layers 0..{n_layers - 1}"
-            )
-        return layers
 
 
 def resolve_positions(item: TextPositions, max_context: int | None = None) -> list[int]:
@@ -283,7 +241,7 @@ def capture_states(
     from tqdm.auto import tqdm
 
     config = config or CaptureConfig()
-    layers = config.check(model.n_layers)
+    layers = config.layer_list(model.n_layers)
     if not items:
         raise HeadhuntError("no texts to capture")
     positions = [resolve_positions(it, model.max_context) for it in items]
@@ -292,14 +250,13 @@ def capture_states(
     n_shards = -(-len(items) // config.shard_size)
     meta = {
         "format": FORMAT,
-        # Batch size changes nothing stored, so a resumed capture may use another one.
-        "config": {k: v for k, v in config.to_dict().items() if k != "batch_size"},
+        "config": config.stored(),
         "layers": layers,
         "heads": config.heads,
         "d_model": model.d_model,
         "n_heads": model.n_heads,
         "head_dim": model.head_dim,
-        "dtype": config.dtype,
+        "dtype": config.state_dtype,
         "n_items": len(items),
         "n_rows": sum(len(p) for p in positions),
         "n_shards": n_shards,
@@ -341,7 +298,7 @@ def _capture_shard(
     bar,
 ) -> None:
     n_rows = sum(len(p) for p in positions)
-    dtype = STORE_DTYPES[config.dtype]
+    dtype = STORE_DTYPES[config.state_dtype]
     resid = {L: np.zeros((n_rows, model.d_model), dtype=dtype) for L in layers}
     heads = (
         {L: np.zeros((n_rows, model.n_heads, model.head_dim), dtype=dtype) for L in layers}

@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from headhunt.config import fields_of
 from headhunt.errors import HeadhuntError
 from headhunt.methods.base import Method, MethodConfig, option, print_table, require
+from headhunt.probes.configs import CaptureConfig, ProbeFitting
 
 TARGETS = ("ngram", "needle", "mqar", "jsonl")
 DEFAULT_TEXTS = {"ngram": 300, "needle": 200, "mqar": 300}
@@ -21,8 +23,8 @@ PARTS = "parts"  # each finished probe's weights, until probe_weights.safetensor
 
 
 @dataclass
-class ProbeRunConfig(MethodConfig):
-    """A probe run: the target (what to probe for), the capture and the probes."""
+class ProbeTargetOptions(MethodConfig):
+    """What to probe for: the target and its texts."""
 
     target: str | None = option(None, "what to probe for (required)", type=str, choices=TARGETS)
     data: str | None = option(
@@ -66,27 +68,18 @@ class ProbeRunConfig(MethodConfig):
     )
     keys: list[str] | None = option(None, "mqar: key words (one fewer than values)", type=str)
     values: list[str] | None = option(None, "mqar: value words (the classes)", type=str)
-    layers: list[int] | None = option(None, "layers (default all)", type=int)
-    heads: bool = option(False, "also probe every head's output")
-    batch_size: int = option(8, "texts per forward pass")
-    shard_size: int = option(64, "texts per shard on disk")
-    state_dtype: str = option("float32", "stored states", choices=("float32", "float16"))
+
+
+@dataclass
+class ProbeRunConfig(ProbeFitting, CaptureConfig, ProbeTargetOptions):
+    """A probe run: the target (what to probe for), the capture (the library's
+    :class:`~headhunt.probes.configs.CaptureConfig`) and the probes (its
+    :class:`~headhunt.probes.configs.ProbeFitting`)."""
+
     drop_states: bool = option(False, "delete the captured states when done")
-    test_fraction: float = option(0.25, "share of texts held out")
-    folds: int = option(3, "cross-validation folds (by text)")
-    grid: list[float] = option(
-        [1e-4, 1e-3, 1e-2, 1e-1, 1.0],
-        "inverse regularisation strengths (logistic C; ridge alpha = 1/C)",
-    )
-    controls: list[str] = option(
-        ["within_type", "shuffled"],
-        "controls to fit: within_type, shuffled, control (Hewitt & Liang), or none; "
-        "selectivity is always against the target's informative control (fitted anyway)",
-    )
 
     def check(self) -> None:
         require(self.target is not None, f"--target is required ({', '.join(TARGETS)})")
-        require(self.batch_size >= 1 and self.shard_size >= 1, "sizes must be at least 1")
         require(self.texts is None or self.texts >= 1, "--texts must be at least 1")
         require(self.length is None or self.length >= 1, "--length must be at least 1")
         if self.target != "jsonl":
@@ -182,32 +175,19 @@ class Probe(Method):
         for text in target.texts:  # positions outside a text fail here, before any work
             states.resolve_positions(text, model.max_context)
         labels, groups, types = target.arrays()
-        probe_config = linear.ProbeConfig(
-            task=target.task,
-            test_fraction=config.test_fraction,
-            folds=config.folds,
-            grid=config.grid,
-            controls=[c for c in config.controls if c != "none"],
-            seed=config.seed,
-        )
-        require(all(c > 0 for c in probe_config.grid), "--grid values must be positive")
+        fitting = fields_of(config, ProbeFitting)
+        fitting["controls"] = [c for c in config.controls if c != "none"]
+        probe_config = linear.ProbeConfig(task=target.task, **fitting)
         # The prober checks labels, controls and the split now, before any work is saved.
         prober = linear.Prober(labels, groups, types, probe_config)
-        cap = states.CaptureConfig(
-            layers=config.layers,
-            heads=config.heads,
-            batch_size=config.batch_size,
-            shard_size=config.shard_size,
-            dtype=config.state_dtype,
-        )
-        layers = cap.check(model.n_layers)
+        layers = config.layer_list(model.n_layers)  # the run's config is the capture's
         # The command's timing names: "load" is the model and the target.
         ctx.timings["load"] = ctx.timings.pop("load_model_s", 0.0) + time.perf_counter() - t0
         if ctx.is_main:
             ctx.write("rows.parquet", target.frame())
 
         t1 = time.perf_counter()
-        store = _capture(model, target, groups, cap, ctx)
+        store = _capture(model, target, groups, config, ctx)
         ctx.timings["capture"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         units = [(L, linear.RESIDUAL) for L in layers]
@@ -235,7 +215,7 @@ class Probe(Method):
         return linear.to_scores(results, model.group_size)
 
     def show(self, run, top: int) -> None:
-        from headhunt.probes.linear import ProbeConfig
+        from headhunt.probes.configs import ProbeConfig
 
         score = ProbeConfig.from_dict(run.manifest["probe"]).score_name
         _print(run.scores().df, score, top)

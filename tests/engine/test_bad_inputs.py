@@ -123,7 +123,7 @@ ROWS = [
     (["probe"], "--target is required"),
     (["probe", "--target", "ngram", "--data", "x.jsonl"], "--data is only for --target jsonl"),
     (["probe", "--target", "ngram", "--texts", "0"], "--texts must be at least 1"),
-    (["probe", "--target", "ngram", "--shard-size", "0"], "sizes must be at least 1"),
+    (["probe", "--target", "ngram", "--shard-size", "0"], "--shard-size must be at least 1"),
     # taskheads: the user's JSONL (read before the model loads) and the causal check's grid
     (["taskheads", "--input", "/nonexistent/task.jsonl"], "cannot read"),
     (["taskheads", "--input", "TASK_BAD_ROW"], "task_bad_row.jsonl line 2: not JSON"),

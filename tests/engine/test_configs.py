@@ -196,17 +196,6 @@ def test_help_states_each_default_once_and_never_none_or_a_bool():
     assert "required" in _flag_help("ablate", "--scores")
 
 
-# Library configs that still declare a method config's fields a second time (four or more
-# shared names: a second declaration of one config, not a shared word), each with why it is
-# not merged yet. The list only shrinks (the test after next).
-KNOWN_PAIRS = {
-    "headhunt.probes.linear.ProbeConfig": "probe's --task auto and --controls none are resolved "
-    "from the target before the prober's config is made",
-    "headhunt.probes.states.CaptureConfig": "probe's --state-dtype, --layers, --heads, "
-    "--shard-size are the capture's own settings",
-}
-
-
 def origins(config: type) -> dict[str, str]:
     """Field name -> the class that declares it (as :func:`declarations` counts: an inherited
     field, or one given another default by ``default_of``, is its base's declaration)."""
@@ -251,12 +240,10 @@ def library_pairs() -> dict[str, str]:
     return found
 
 
-def test_no_library_config_repeats_a_method_config_beyond_the_known_pairs():
-    assert sorted(set(library_pairs()) - set(KNOWN_PAIRS)) == []
-
-
-def test_the_known_pairs_are_still_pairs():
-    assert sorted(set(KNOWN_PAIRS) - set(library_pairs())) == []
+def test_no_library_config_declares_a_method_configs_fields_again():
+    """The library's configs (SAEConfig, PruneEvalConfig, ProbeConfig, CaptureConfig, ...)
+    take a method's fields from the class that declares them, or are the method's config."""
+    assert library_pairs() == {}
 
 
 def test_the_pair_check_sees_a_planted_library_config(monkeypatch):

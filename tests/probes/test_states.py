@@ -116,7 +116,7 @@ def test_float16_storage(tiny, tmp_path):
     items = make_items(3)
     s32 = capture_states(tiny, items, tmp_path / "a", progress=False)
     s16 = capture_states(
-        tiny, items, tmp_path / "b", CaptureConfig(dtype="float16"), progress=False
+        tiny, items, tmp_path / "b", CaptureConfig(state_dtype="float16"), progress=False
     )
     assert s16.shard_arrays(0)[0].dtype == np.float16
     assert s16.layer(0).dtype == np.float32
