@@ -98,7 +98,8 @@ class HookedModel:
         # Modules that compute attention in their own code are routed through the seam where
         # they are (their model keeps its own attention implementation and masks); every other
         # model calls headhunt's implementation through transformers' AttentionInterface.
-        if not module_attention.adapt(self.model):
+        self.routed_modules = module_attention.adapt(self.model)
+        if not self.routed_modules:
             try:
                 self.model.set_attn_implementation(attention.IMPLEMENTATION)
             except (ValueError, NotImplementedError, AttributeError) as e:
@@ -186,6 +187,7 @@ class HookedModel:
         implementation exactly once, with a call headhunt can reproduce (else a one-line
         refusal naming the layer)."""
         seen: dict[int, int] = {}
+        kv_heads: set[int] = set()  # the key heads the calls carry
         outputs: dict[int, Tensor] = {}  # what each layer's attention returned
         projected: dict[int, Tensor] = {}  # what its output projection then read
 
@@ -194,6 +196,7 @@ class HookedModel:
 
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
+                kv_heads.add(call.key.shape[1])
 
             def after(self, call: attention.AttentionCall, output: Tensor) -> Tensor:
                 outputs[call.layer] = output.reshape(*output.shape[:2], -1)
@@ -239,6 +242,10 @@ class HookedModel:
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
                 "times per forward (e.g. differential attention); headhunt reads one call"
             )
+        if self.routed_modules and len(kv_heads) == 1:
+            # An older config names its key heads its own way (Falcon's multi_query: one key
+            # head for all): the calls say how many keys each query head is grouped over.
+            self.n_kv_heads = kv_heads.pop()
         for i, read in projected.items():
             out = outputs.get(i)
             if out is None or out.shape != read.shape or not torch.equal(out, read):

@@ -201,8 +201,66 @@ def _bloom(module: torch.nn.Module) -> None:
     module.forward = forward
 
 
+# ---------------------------------------------------------------------------------- Falcon
+
+
+def _falcon(module: torch.nn.Module) -> None:
+    """``FalconAttention`` (TII Falcon): fused ``query_key_value`` split by the module's own
+    ``_split_heads`` (multi-query: one kv head; the new decoder architecture: its kv heads
+    broadcast to every query head), rotary embeddings, scores ``q . k / sqrt(d)``, then SDPA
+    or the eager formula as the model's attention implementation says. Its forward is restated
+    here around the seam with that code as the kernel. Falcon with ALiBi (Falcon-RW) computes
+    its bias in bfloat16 and scales it with the scores; headhunt's kernels add the exact bias,
+    so it is refused in one line."""
+    import math
+    import sys
+
+    rotary = sys.modules[type(module).__module__].apply_rotary_pos_emb
+    scaling = 1.0 / math.sqrt(module.head_dim)
+
+    def kernel(_module, query, key, value, attention_mask, **_kwargs):
+        if module.config._attn_implementation == "sdpa":
+            causal = module.is_causal and attention_mask is None and query.shape[2] > 1
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=causal
+            )
+            return out.transpose(1, 2), None
+        scores = query @ key.transpose(-1, -2)
+        scores /= math.sqrt(module.head_dim)
+        if attention_mask is not None:
+            scores = scores + _additive(attention_mask, scores.dtype)
+        weights = torch.softmax(scores, dim=-1, dtype=query.dtype)
+        return (weights @ value).transpose(1, 2), weights
+
+    def forward(hidden_states, alibi, attention_mask, position_ids=None, layer_past=None,
+                use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):  # fmt: skip
+        if alibi is not None:
+            raise HeadhuntError(
+                f"layer {module.layer_idx}: Falcon with ALiBi computes its bias in bfloat16, "
+                "which headhunt's kernels do not reproduce (they add the exact bias)"
+            )
+        q, k, v = module._split_heads(module.query_key_value(hidden_states))
+        b, n = q.shape[:2]
+        kv_heads = module.num_heads if module.new_decoder_architecture else module.num_kv_heads
+        q = q.transpose(1, 2).reshape(b, module.num_heads, n, module.head_dim)
+        k = k.transpose(1, 2).reshape(b, kv_heads, n, module.head_dim)
+        v = v.transpose(1, 2).reshape(b, kv_heads, n, module.head_dim)
+        q, k = rotary(q, k, *position_embeddings)
+        if layer_past is not None:
+            k, v = layer_past.update(k, v, module.layer_idx)
+        mask = attention_mask
+        if mask is not None and mask.dtype != torch.bool:
+            mask = _visible(mask)
+        out, weights = attention.headhunt_attention(module, q, k, v, mask, scaling=scaling)
+        return module.dense(out.reshape(b, n, module.num_heads * module.head_dim)), weights
+
+    module.headhunt_kernel = kernel
+    module.forward = forward
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "BloomAttention": _bloom,
+    "FalconAttention": _falcon,
     "GPTNeoSelfAttention": _gpt_neo,
     "MptAttention": _mpt,
 }

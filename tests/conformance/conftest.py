@@ -176,7 +176,21 @@ def build_pair(family: str) -> Pair:
         AFTER_INIT.get(family, lambda _: None)(model)
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
+    if eager.config._attn_implementation != "eager":  # a model that picks its kernel when built
+        eager = _rebuilt_eager(model)
     return Pair(HookedModel(model=model, tokenizer=None, name=family), eager)
+
+
+def _rebuilt_eager(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights in a model built with eager attention (Falcon chooses its kernel when
+    it is built and ignores a later switch)."""
+    from transformers import AutoModelForCausalLM
+
+    eager = AutoModelForCausalLM.from_config(
+        copy.deepcopy(model.config), dtype=torch.float32, attn_implementation="eager"
+    )
+    eager.load_state_dict(model.state_dict())
+    return eager.eval()
 
 
 def _load_without_weights(family: str, overrides: dict) -> None:
@@ -257,6 +271,8 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
         return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)
     if name == "BloomAttention":  # query_key_value: [.., heads, 3, d], query first
         return module.query_key_value, lambda h: slice(3 * h * d, 3 * h * d + d)
+    if name == "FalconAttention" and module.multi_query and not module.new_decoder_architecture:
+        return module.query_key_value, lambda h: slice(h * d, (h + 1) * d)  # [.., heads + 2, d]
     return None
 
 

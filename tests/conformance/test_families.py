@@ -70,7 +70,7 @@ FAMILIES: dict[str, str] = {
     "exaone": "pass",
     "exaone4": "pass",
     "exaone_moe": "pass",
-    "falcon": "refused: does not go through transformers' AttentionInterface",
+    "falcon": "pass",
     "falcon_h1": "pass",
     "falcon_mamba": "refused: no single attention shape",
     "flex_olmo": "pass",

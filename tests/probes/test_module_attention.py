@@ -1,6 +1,7 @@
 """Attention modules captured through their own code (probes/module_attention.py). That they
-reproduce their own eager attention is the conformance suite's job (gpt_neo, mpt, bloom); here:
-the refusals and that an unhooked model computes what it computed before it was wrapped."""
+reproduce their own eager attention is the conformance suite's job (gpt_neo, mpt, bloom,
+falcon); here: the refusals, Falcon's key heads, and that an unhooked model computes what it
+computed before it was wrapped (Falcon's other two projection layouts too)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ from headhunt.errors import HeadhuntError
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.tiny import tiny_causal_lm
 
+OVERRIDES = {
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 4},
+    # Falcon's two other layouts of its fused projection (the suite runs multi-query)
+    "falcon-new": {"new_decoder_architecture": True, "num_kv_heads": 2},
+    "falcon-mha": {"multi_query": False},
+}
 
-@pytest.mark.parametrize("family", ["gpt_neo", "mpt", "bloom"])
+
+@pytest.mark.parametrize("family", ["gpt_neo", "mpt", "bloom", "falcon-new", "falcon-mha"])
 def test_wrapped_model_computes_what_it_did(family):
-    overrides = {"attention_types": [[["global", "local"], 1]], "window_size": 4}
-    model = tiny_causal_lm(family, **(overrides if family == "gpt_neo" else {}))
+    model = tiny_causal_lm(family.split("-")[0], **OVERRIDES.get(family, {}))
     before = copy.deepcopy(model).eval()
     hooked = HookedModel(model=model, tokenizer=None, name=family)
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -30,9 +37,26 @@ def test_wrapped_model_computes_what_it_did(family):
     assert hooked.attention_layers == [0, 1]
 
 
-def test_bloom_below_float32_is_refused_in_one_line():
-    model = tiny_causal_lm("bloom").to(torch.bfloat16)
+def test_falcon_multi_query_has_one_key_head():
+    hooked = HookedModel(model=tiny_causal_lm("falcon"), tokenizer=None, name="falcon")
+    assert (hooked.n_heads, hooked.n_kv_heads) == (4, 1)  # its config says num_kv_heads 4
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "dtype", "words"),
+    [
+        ("bloom", {}, torch.bfloat16, "BLOOM rounds its ALiBi bias to torch.bfloat16"),
+        (
+            "falcon",
+            {"alibi": True},
+            torch.float32,
+            "Falcon with ALiBi computes its bias in bfloat16",
+        ),
+    ],
+)
+def test_rounded_alibi_is_refused_in_one_line(family, overrides, dtype, words):
+    model = tiny_causal_lm(family, **overrides).to(dtype)
     with pytest.raises(HeadhuntError) as err:
-        HookedModel(model=model, tokenizer=None, name="bloom")
+        HookedModel(model=model, tokenizer=None, name=family)
     assert "\n" not in str(err.value)
-    assert "rounds its ALiBi bias to torch.bfloat16" in str(err.value)
+    assert words in str(err.value)
