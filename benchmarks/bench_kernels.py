@@ -393,6 +393,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def environment() -> dict:
+    """The card and the versions a result was measured with (every benchmark's header)."""
+    import triton
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="JSON file for all results")
@@ -417,15 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_kernels needs a CUDA device", file=sys.stderr)
         return 2
 
-    import triton
-
     from headhunt.kernels.config import default_config
 
     result: dict = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **environment(),
         "configs": {d: asdict(default_config(d)) for d in (64, 128)},
         "flops_note": "QK^T pass = 2*b*hq*n*n*d/2 (causal); stats and sdpa = 2 passes",
     }

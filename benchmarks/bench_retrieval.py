@@ -44,7 +44,7 @@ from headhunt.heads.retrieval import (
     RetrievalConfig,
     build_trials,
     plan_batches,
-    run_trials,
+    run_needle_trials,
     stop_token_ids,
 )
 from headhunt.probes import capture
@@ -213,7 +213,7 @@ def main() -> None:
     sampled = {trials[i].id for i in sample}
 
     def ours(batch):
-        return run_trials(model, trials, config, progress=False, batches=[batch])
+        return run_needle_trials(model, trials, config, progress=False, batches=[batch])
 
     def all_rows(batch):
         # The scorer with the argmax taken for every row at every step (stopped rows too).

@@ -20,7 +20,12 @@ import time
 
 import torch
 
-from headhunt.heads.retrieval import RetrievalConfig, build_trials, run_trials, stop_token_ids
+from headhunt.heads.retrieval import (
+    RetrievalConfig,
+    build_trials,
+    run_needle_trials,
+    stop_token_ids,
+)
 from headhunt.probes.capture import greedy_decode
 from headhunt.probes.hooked import HookedModel
 
@@ -98,7 +103,7 @@ def main() -> None:
     # Warm-up (kernel compilation): one short trial, both paths.
     warm = RetrievalConfig(**{**config.to_dict(), "lengths": [2048], "depths": [50.0]})
     warm_trials = build_trials(model, warm)
-    run_trials(model, warm_trials, warm, progress=False)
+    run_needle_trials(model, warm_trials, warm, progress=False)
     greedy_decode(model, torch.tensor([warm_trials[0].input_ids]), max_new_tokens=4)
 
     rows, out_of_memory = [], []
@@ -110,7 +115,7 @@ def main() -> None:
             batch = queue[:bs]
             try:
                 s_ours, gib_ours = timed(
-                    lambda batch=batch: run_trials(
+                    lambda batch=batch: run_needle_trials(
                         model, batch, config, progress=False, batches=[batch]
                     )
                 )

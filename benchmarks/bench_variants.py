@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
-from bench_kernels import _time  # benchmarks/ is on the path when run as a script
+from bench_kernels import _time, environment  # benchmarks/ is on the path when run as a script
 
 # label: (query heads, kv heads, head dim, window): Mistral/Llama 3 8B-like, gpt-oss-like
 # (window 128, sinks), Gemma 2 9B-like (window 4096, softcap 50, d 256).
@@ -238,13 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_variants needs a CUDA device", file=sys.stderr)
         return 2
-    import triton
-
     result: dict = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **environment(),
         "softcap": SOFTCAP,
         "rows": [],
     }

@@ -49,7 +49,7 @@ class NeedlePrompts(MethodConfig):
 
 
 @dataclass
-class NeedleTrials(NeedlePrompts):
+class NeedleTrialGrid(NeedlePrompts):
     """Needle trials: each (length, depth) cell gets one trial per needle and repeat, answers
     drawn at random (seeded by ``seed``), decoded greedily."""
 
@@ -98,7 +98,7 @@ class DecodeBatch(MethodConfig):
 
 
 @dataclass
-class RetrievalConfig(NeedleTrials):
+class RetrievalConfig(NeedleTrialGrid):
     """A retrieval run: the needle trials, and how the KV-head table is folded."""
 
     batch_size: int = option(0, "trials decoded together (0: auto, by device and length)", min=0)

@@ -26,7 +26,7 @@ from headhunt.errors import HeadhuntError
 from headhunt.heads.evaluations.causal import MaskingCheck
 from headhunt.heads.inputs.mqar_inputs import (  # the generator's names, importable from here too
     LAYOUTS,
-    MQARProbe,
+    MQARBatch,
     MQARSpec,
     WordPools,
     generate_mqar,
@@ -42,7 +42,7 @@ from headhunt.scores import Head, HeadScores
 __all__ = [
     "LAYOUTS",
     "RECALL_METRICS",
-    "MQARProbe",
+    "MQARBatch",
     "MQARResult",
     "MQARSpec",
     "RecallHook",
@@ -64,7 +64,7 @@ RECALL_METRICS = ["query_to_value", "query_to_key", "value_to_key"]
 class RecallHook(AttentionHook):
     """Per layer and head, the summed attention query -> value, query -> key, value -> key."""
 
-    def __init__(self, probe: MQARProbe):
+    def __init__(self, probe: MQARBatch):
         self.probe = probe
         self.sums: dict[int, Float[Tensor, "3 heads"]] = {}
 
@@ -122,7 +122,7 @@ class MQARResult:
 @torch.inference_mode()
 def run_mqar(
     model: HookedModel,
-    probe: MQARProbe,
+    probe: MQARBatch,
     *,
     batch_size: int = 8,
     score_heads: bool = False,
@@ -196,7 +196,7 @@ def recall_scores(
 
 
 def score_recall_heads(
-    model: HookedModel, probe: MQARProbe, *, batch_size: int = 8
+    model: HookedModel, probe: MQARBatch, *, batch_size: int = 8
 ) -> tuple[HeadScores, MQARResult]:
     """Recall-head scores and accuracy of ``model`` on ``probe`` (one pass)."""
     res = run_mqar(model, probe, batch_size=batch_size, score_heads=True)
@@ -207,7 +207,7 @@ def score_recall_heads(
 
 def masking_check(
     model: HookedModel,
-    probe: MQARProbe,
+    probe: MQARBatch,
     heads: Sequence[Head],
     *,
     n_random: int = 5,

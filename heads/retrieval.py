@@ -28,7 +28,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headhunt.heads.configs import MAX_TRIALS, RetrievalConfig  # noqa: F401  (its config)
-from headhunt.heads.inputs.needles import NEEDLES, Trial, TrialBuilder, read_haystack, rouge1_recall
+from headhunt.heads.inputs.needles import (
+    NEEDLES,
+    NeedleTrial,
+    TrialBuilder,
+    read_haystack,
+    rouge1_recall,
+)
 from headhunt.probes.capture import Decoded, greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
 from headhunt.scores import HeadScores
@@ -41,7 +47,7 @@ METRIC = "retrieval_score"
 FRESH_SEED_OFFSET = 1_000_003
 
 
-def build_trials(model: HookedModel, config: RetrievalConfig) -> list[Trial]:
+def build_trials(model: HookedModel, config: RetrievalConfig) -> list[NeedleTrial]:
     """Every trial of the grid, deterministic for a seed."""
     config.validate(model)
     builder = TrialBuilder(model.tokenizer, read_haystack(config.haystack))
@@ -106,12 +112,12 @@ def auto_batch_size(model: HookedModel, length: int) -> int:
 
 
 def plan_batches(
-    model: HookedModel, trials: list[Trial], config: RetrievalConfig
-) -> list[list[Trial]]:
+    model: HookedModel, trials: list[NeedleTrial], config: RetrievalConfig
+) -> list[list[NeedleTrial]]:
     """Group trials into decoding batches (same length, at most the batch size). The plan
     depends only on the trials, config and device type, so sharding whole batches over
     processes reproduces a single process's numbers exactly."""
-    by_length: dict[int, list[Trial]] = {}
+    by_length: dict[int, list[NeedleTrial]] = {}
     for t in trials:
         by_length.setdefault(t.length, []).append(t)
     batches = []
@@ -121,14 +127,14 @@ def plan_batches(
     return batches
 
 
-def run_trials(
+def run_needle_trials(
     model: HookedModel,
-    trials: list[Trial],
+    trials: list[NeedleTrial],
     config: RetrievalConfig,
     *,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
-    batches: list[list[Trial]] | None = None,
+    batches: list[list[NeedleTrial]] | None = None,
 ) -> list[dict[str, Any]]:
     """Decode every trial (batched by length) and score all heads; returns one record per
     trial. ``batches`` overrides the plan of :func:`plan_batches` (e.g. one process's share)."""
@@ -233,7 +239,7 @@ def score_retrieval(
     """Score every head's retrieval behaviour over the config's grid (no files written)."""
     config = config or RetrievalConfig()
     trials = build_trials(model, config)
-    return aggregate(run_trials(model, trials, config, progress=progress), model)
+    return aggregate(run_needle_trials(model, trials, config, progress=progress), model)
 
 
 def reference_json(

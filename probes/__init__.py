@@ -1,7 +1,6 @@
 """Model loading, the hooked wrapper, capture of attention statistics and states, probes."""
 
-from importlib import import_module
-from typing import Any
+from headhunt.lazy import lazy_attributes
 
 # Lazy attributes: importing a torch-free module of the package (``headhunt.probes.configs``,
 # the probe method's capture and fitting configs, read by the CLI's --help and the dashboard)
@@ -16,17 +15,5 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'headhunt.probes' has no attribute {name!r}")
-
-
-__all__ = [
-    "DEFAULT_MODEL",
-    "REGISTRY",
-    "AttentionCall",
-    "AttentionHook",
-    "HookedModel",
-    "load_model",
-]
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

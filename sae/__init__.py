@@ -1,15 +1,14 @@
 """Circuit finding with discrete sparse autoencoders (O'Neill & Bui 2024), checked against
 activation patching and attribution patching on the model at hand.
 
-Modules: :mod:`~headhunt.sae.tasks` (prompt pairs), :mod:`~headhunt.sae.activations` (per-head
+Modules: :mod:`~headhunt.sae.prompt_pairs` (prompt pairs), :mod:`~headhunt.sae.activations` (per-head
 outputs), :mod:`~headhunt.sae.discrete` (the SAE), :mod:`~headhunt.sae.scoring` (node and edge
 scores), :mod:`~headhunt.sae.patching` (ground truth, EAP), :mod:`~headhunt.sae.roc`,
 :mod:`~headhunt.sae.circuits` (trials), :mod:`~headhunt.sae.report` (what a run reports; the
 run is the ``circuits`` method), :mod:`~headhunt.sae.planted` (a model with a known circuit).
 """
 
-from importlib import import_module
-from typing import Any
+from headhunt.lazy import lazy_attributes
 
 # Lazy attributes: importing a torch-free module of the package (``headhunt.sae.configs``, the
 # circuits method's config, read by the CLI's --help and the dashboard) loads no torch.
@@ -26,30 +25,10 @@ _EXPORTS = {
     "edge_head_scores": "headhunt.sae.scoring",
     "edge_scores": "headhunt.sae.scoring",
     "node_scores": "headhunt.sae.scoring",
-    "make_pairs": "headhunt.sae.tasks",
-    "read_task_file": "headhunt.sae.tasks",
+    "make_pairs": "headhunt.sae.prompt_pairs",
+    "read_task_file": "headhunt.sae.prompt_pairs",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'headhunt.sae' has no attribute {name!r}")
-
-
-__all__ = [
-    "CircuitConfig",
-    "DiscreteSAE",
-    "SAEConfig",
-    "activation_patching",
-    "attribution_patching",
-    "circuit",
-    "edge_head_scores",
-    "edge_scores",
-    "head_outputs",
-    "make_pairs",
-    "node_scores",
-    "read_task_file",
-    "run_sae_trials",
-    "train_sae",
-]
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
-from headhunt.sae.tasks import length_batches
+from headhunt.sae.prompt_pairs import length_batches
 
 Position = Literal["mean", "last"]
 _PROJ_NAMES = ("o_proj", "out_proj", "dense", "c_proj")

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.hooked import HookedModel
-from headhunt.sae.tasks import EncodedPairs, length_batches
+from headhunt.sae.prompt_pairs import EncodedPairs, length_batches
 
 
 def _index_sets(sets: list[list[int]], device) -> tuple[Tensor, Tensor]:

@@ -30,7 +30,7 @@ import torch
 
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.tiny import WORDS, tiny_llama
-from headhunt.sae.tasks import EncodedPairs, PromptPair, encode_pairs
+from headhunt.sae.prompt_pairs import EncodedPairs, PromptPair, encode_pairs
 
 MARKER, DECOY, ANSWER, WRONG = "secret", "code", "lamp", "river"
 R, S, W = 0, 1, 2  # reserved residual coordinates

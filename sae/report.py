@@ -10,7 +10,7 @@ import numpy as np
 
 from headhunt.errors import HeadhuntError
 from headhunt.probes.hooked import HookedModel
-from headhunt.sae import tasks
+from headhunt.sae import prompt_pairs
 from headhunt.sae.circuits import NODE_RULES, SAETrial
 
 METHOD_NAMES = {
@@ -61,12 +61,12 @@ def verdict(
 
 def load_pairs(
     model: HookedModel, params: dict[str, Any], task_file: str | None
-) -> tasks.EncodedPairs:
+) -> prompt_pairs.EncodedPairs:
     """The run's prompt pairs: generated for the task, or read from the task file."""
     need = params["truth"] or params["eap"]
     if task_file:
-        pairs = tasks.encode_pairs(
-            model.tokenizer, tasks.read_task_file(task_file), require_aligned=need
+        pairs = prompt_pairs.encode_pairs(
+            model.tokenizer, prompt_pairs.read_task_file(task_file), require_aligned=need
         )
         if need and not pairs.has_answers:
             raise HeadhuntError(
@@ -76,7 +76,7 @@ def load_pairs(
         if len(pairs) < 2:
             raise HeadhuntError("the task file needs at least 2 prompt pairs")
         return pairs
-    return tasks.make_pairs(
+    return prompt_pairs.make_pairs(
         params["task"], model.tokenizer, params["pairs"], seed=params["seed"], require_aligned=True
     )
 

@@ -19,13 +19,14 @@ import pytest
 ROOT = Path(__file__).parents[1]
 
 # Core types every layer may use: the error, Head/HeadScores, the one atomic file writer, the
-# one JSONL reader, the config base (every layer's config is a method's config).
+# one JSONL reader, the config base (every layer's config is a method's config), the lazy
+# package attributes.
 CORE = ("headhunt.errors", "headhunt.scores", "headhunt.atomic", "headhunt.reading",
-        "headhunt.config")  # fmt: skip
+        "headhunt.config", "headhunt.lazy")  # fmt: skip
 KERNELS = ("headhunt.kernels",)
 CAPTURE = ("headhunt.probes",)  # model loading, the hooked model, attention hooks, capture
 # Input builders (needle prompts, task items, token sequences): plain data, below capture.
-INPUTS = ("headhunt.heads.inputs", "headhunt.sae.tasks")
+INPUTS = ("headhunt.heads.inputs", "headhunt.sae.prompt_pairs")
 ANALYZERS = ("headhunt.heads", "headhunt.sae")
 # The command line: the only place argparse is imported.
 CLI = ("headhunt.cli", "headhunt.commands")

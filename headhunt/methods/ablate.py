@@ -3,19 +3,20 @@ then K random heads, and compare needle recall on fresh trials."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headhunt.config import fields_of
 from headhunt.errors import HeadhuntError
-from headhunt.heads.configs import DecodeBatch, NeedleTrials, RetrievalConfig
+from headhunt.heads.configs import DecodeBatch, NeedleTrialGrid, RetrievalConfig
 from headhunt.methods.base import Method, default_of, option, print_table
 
 RECORDS = "records.jsonl"
 
 
 @dataclass
-class AblateConfig(DecodeBatch, NeedleTrials):
+class AblateConfig(DecodeBatch, NeedleTrialGrid):
     """An ablation run: the retrieval run to take the ranking from, and fresh trials."""
 
     scores: str | None = option(
@@ -28,14 +29,14 @@ class AblateConfig(DecodeBatch, NeedleTrials):
         "query: zero the query (uniform attention, as Wu et al.); output: zero the head's output",
         choices=("query", "output"),
     )
-    lengths: list[int] = default_of(NeedleTrials, "lengths", [1000, 2000])
-    depths: list[float] = default_of(NeedleTrials, "depths", [0.0, 50.0, 100.0])
+    lengths: list[int] = default_of(NeedleTrialGrid, "lengths", [1000, 2000])
+    depths: list[float] = default_of(NeedleTrialGrid, "depths", [0.0, 50.0, 100.0])
 
     def trials(self):
         """Fresh trials: another seed stream than any scoring run's (other answers, offsets)."""
         from headhunt.heads.retrieval import FRESH_SEED_OFFSET
 
-        grid = {f.name: getattr(self, f.name) for f in fields(NeedleTrials)}
+        grid = fields_of(self, NeedleTrialGrid)
         return RetrievalConfig(**{**grid, "seed": self.seed + FRESH_SEED_OFFSET})
 
     def source(self):

@@ -64,7 +64,7 @@ Writes manifest.json, scores.parquet, records.jsonl, split.json, heads.json, res
 test_items.parquet and calibrate.html."""
 
     def prepare(self, config: CalibrateConfig) -> None:
-        from headhunt.heads.inputs.tasks import load_task, split_task
+        from headhunt.heads.inputs.calibration_tasks import load_task, split_task
 
         super().prepare(config)
         task = load_task(config.task)  # bad task files fail before the model loads
@@ -73,7 +73,7 @@ test_items.parquet and calibrate.html."""
             read_heads(config.heads)
 
     def parameters(self, config: CalibrateConfig, model: str) -> dict[str, Any]:
-        from headhunt.heads.inputs.tasks import load_task
+        from headhunt.heads.inputs.calibration_tasks import load_task
 
         task = load_task(config.task)
         return {
@@ -86,7 +86,7 @@ test_items.parquet and calibrate.html."""
 
     def run(self, model, config: CalibrateConfig, ctx):
         from headhunt.heads.evaluations import calibrate as C
-        from headhunt.heads.inputs.tasks import load_task, split_task
+        from headhunt.heads.inputs.calibration_tasks import load_task, split_task
         from headhunt.scores import check_heads
 
         task = load_task(config.task)

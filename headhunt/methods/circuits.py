@@ -103,7 +103,7 @@ an hour, the same held-out AUC; docs/circuits.md); the run's parameters record t
         if (
             config.task_file
         ):  # a missing, binary or malformed task file fails before the model loads
-            from headhunt.sae.tasks import read_task_file
+            from headhunt.sae.prompt_pairs import read_task_file
 
             path = Path(config.task_file).expanduser()
             require(path.is_file(), f"no task file at {path}")
@@ -159,7 +159,7 @@ an hour, the same held-out AUC; docs/circuits.md); the run's parameters record t
         timings["capture"] = time.perf_counter() - t0
         patch, truth, eap_pairs = _references(model, pairs, config, ctx, progress)
         effect = np.asarray(patch["effect"]) if patch else None
-        trials = _run_trials(acts, config, eap_pairs, truth, ctx, progress)
+        trials = _sae_trials(acts, config, eap_pairs, truth, ctx, progress)
         if trials is None:
             return None
         timings["sae_train_per_trial"] = float(np.mean([t.seconds["sae_train"] for t in trials]))
@@ -306,7 +306,7 @@ def _references(model, pairs, config: CircuitsConfig, ctx, progress: bool):
     return patch, truth, eap_pairs
 
 
-def _run_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
+def _sae_trials(acts, config, eap_pairs, truth, ctx, progress: bool):
     """The SAE trials, dealt over the ranks, each saved as it finishes (trial 0's SAE first,
     so a resume that skips trial 0 finds its SAE); rank 0 gets them all, the others None."""
     from headhunt.sae.circuits import SAETrial, run_trial

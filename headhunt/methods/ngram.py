@@ -14,7 +14,7 @@ from headhunt.methods.base import Method, print_table, read_jsonl, spread_frame
 
 def natural_texts(config: NgramConfig) -> list[str] | None:
     """The user's natural texts (None: the bundled essays, or no natural input)."""
-    from headhunt.heads.inputs.ngram_inputs import read_texts
+    from headhunt.reading import read_texts
 
     return read_texts(config.texts) if config.texts and "natural" in config.inputs else None
 

@@ -68,7 +68,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
             stage_unit="tokens",
             done_before=sum(map(len, share)) - sum(map(len, mine)),
         ):
-            R.run_trials(
+            R.run_needle_trials(
                 model,
                 [],
                 config,

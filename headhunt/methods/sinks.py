@@ -13,7 +13,7 @@ from headhunt.methods.base import Method, print_table, read_jsonl, require, spre
 RECORDS = "texts.jsonl"
 
 
-def read_texts(path: str | None) -> list[str] | None:
+def texts_option(path: str | None) -> list[str] | None:
     """The texts of --texts (None: the bundled essays); see :func:`headhunt.reading.read_texts`."""
     from headhunt.reading import read_texts
 
@@ -82,7 +82,7 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
 
     def prepare(self, config: SinksConfig) -> None:
         super().prepare(config)
-        read_texts(config.texts)  # bad files fail before the model loads (or processes start)
+        texts_option(config.texts)  # bad files fail before the model loads (or processes start)
 
     def parameters(self, config: SinksConfig, model: str) -> dict[str, Any]:
         texts = str(Path(config.texts).resolve()) if config.texts else "bundled essays"
@@ -93,7 +93,7 @@ value| over the median, per layer). Writes manifest.json, scores.parquet, sinks.
     def run(self, model, config: SinksConfig, ctx):
         from headhunt.heads.sinks import TextSinks, analyze_text, plot, summarize
 
-        inputs = build_inputs(model, read_texts(config.texts), config.length, config.n_texts)
+        inputs = build_inputs(model, texts_option(config.texts), config.length, config.n_texts)
         # Texts are dealt over the ranks; each keeps its finished texts in its shard.
         done = ctx.done(RECORDS, key=lambda r: r["text"])
         if done:

@@ -95,25 +95,25 @@ def track_figure(view: HeadView, start: int = 0, stop: int | None = None, query:
     return fig
 
 
-def received_figure(view: HeadView, start: int = 0, stop: int | None = None):
-    """The attention each key receives (column sums), downsampled like the tracks."""
+def _key_line(track, hover: str):
+    """A figure of one downsampled track over key positions (each bin's size in its hover)."""
     import plotly.graph_objects as go
 
-    track = view.track("col_sum", start, stop, BINS)
     x, y, span = _points(track)
-    fig = go.Figure(
-        go.Scattergl(
-            x=x,
-            y=y,
-            mode="lines+markers",
-            marker={"size": 3},
-            line={"width": 1},
-            customdata=span,
-            hovertemplate="key %{x}: received %{y:.4g}"
-            + ("" if track.exact else " (max of a bin of %{customdata} keys)")
-            + "<extra></extra>",
-        )
-    )
+    line = go.Scattergl(
+        x=x, y=y, mode="lines+markers", marker={"size": 3}, line={"width": 1},
+        customdata=span, hovertemplate=hover + "<extra></extra>",
+    )  # fmt: skip
+    return go.Figure(line)
+
+
+def received_figure(view: HeadView, start: int = 0, stop: int | None = None):
+    """The attention each key receives (column sums), downsampled like the tracks."""
+
+    track = view.track("col_sum", start, stop, BINS)
+    hover = "key %{x}: received %{y:.4g}"
+    hover += "" if track.exact else " (max of a bin of %{customdata} keys)"
+    fig = _key_line(track, hover)
     fig.update_layout(
         height=260,
         margin={"t": 30, "b": 40},
@@ -126,22 +126,10 @@ def received_figure(view: HeadView, start: int = 0, stop: int | None = None):
 
 def row_figure(view: HeadView, query: int, start: int = 0, stop: int | None = None):
     """The exact attention row of ``query`` over keys ``[start, stop)`` (max per bin)."""
-    import plotly.graph_objects as go
 
     row = view.row(query)
     track = downsample(row, start, min(query + 1, len(row) if stop is None else stop), BINS)
-    x, y, span = _points(track)
-    fig = go.Figure(
-        go.Scattergl(
-            x=x,
-            y=y,
-            mode="lines+markers",
-            marker={"size": 3},
-            line={"width": 1},
-            customdata=span,
-            hovertemplate="key %{x}: %{y:.4g}<extra></extra>",
-        )
-    )
+    fig = _key_line(track, "key %{x}: %{y:.4g}")
     fig.update_layout(
         height=240,
         margin={"t": 30, "b": 40},

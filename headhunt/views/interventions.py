@@ -22,7 +22,7 @@ def needle_trial(
     haystack: str | None = None,
 ):
     """One needle-in-a-haystack prompt of exactly ``length`` tokens, built as the retrieval
-    analyzer builds its trials (a :class:`headhunt.heads.inputs.needles.Trial`)."""
+    analyzer builds its trials (a :class:`headhunt.heads.inputs.needles.NeedleTrial`)."""
     from headhunt.heads.inputs.needles import NEEDLES, TrialBuilder, read_haystack
 
     if needle not in NEEDLES:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from headhunt.errors import HeadhuntError
 from headhunt.heads.configs import CalibrateConfig  # noqa: F401  (its config)
-from headhunt.heads.inputs.tasks import Task
+from headhunt.heads.inputs.calibration_tasks import Task
 from headhunt.heads.interventions.act import ActConfig, act_calibration
 from headhunt.probes.hooked import HookedModel
 from headhunt.scores import Head

@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.inputs.needles import Trial, rouge1_recall
+from headhunt.heads.inputs.needles import NeedleTrial, rouge1_recall
 from headhunt.heads.interventions.masking import HeadMask, MaskMode
 from headhunt.probes.capture import greedy_decode, responses
 from headhunt.probes.hooked import HookedModel
@@ -133,7 +133,7 @@ class MaskingCheck:
 
 def needle_recall(
     model: HookedModel,
-    trials: Sequence[Trial],
+    trials: Sequence[NeedleTrial],
     *,
     max_new_tokens: int,
     stop_ids: set[int],
@@ -194,7 +194,7 @@ class AblationResult:
 
 def ablation_check(
     model: HookedModel,
-    trials: Sequence[Trial],
+    trials: Sequence[NeedleTrial],
     ranked_heads: Sequence[Head],
     *,
     top_k: int,

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from headhunt.config import fields_of, option
 from headhunt.errors import HeadhuntError
-from headhunt.heads.configs import NeedleTrials, PruneMeasurement
+from headhunt.heads.configs import NeedleTrialGrid, PruneMeasurement
 from headhunt.heads.evaluations.causal import needle_recall
 from headhunt.heads.inputs.needles import read_haystack
 from headhunt.heads.interventions.masking import HeadMask
@@ -46,10 +46,10 @@ from headhunt.probes.hooked import HookedModel
 
 
 @dataclass
-class PruneEvalConfig(PruneMeasurement, NeedleTrials):
+class PruneEvalConfig(PruneMeasurement, NeedleTrialGrid):
     """What to measure: :class:`~headhunt.heads.configs.PruneMeasurement` (the unit, random
     draws, needle lengths and depths, perplexity windows, batch size: prune's ``--evaluate``
-    options) at every kept share, on fresh needle trials (:class:`NeedleTrials`: another seed
+    options) at every kept share, on fresh needle trials (:class:`NeedleTrialGrid`: another seed
     stream than a retrieval run's).
 
     Attributes:
@@ -87,7 +87,9 @@ def needle_trials(model: HookedModel, config: PruneEvalConfig, *, calibration: b
     seed stream again, so a tie-break measured on it is not fitted to the evaluation."""
     repeats = config.calibration_repeats if calibration else config.repeats
     seed = config.seed + FRESH_SEED_OFFSET * (2 if calibration else 1)
-    grid = RetrievalConfig(**{**fields_of(config, NeedleTrials), "repeats": repeats, "seed": seed})
+    grid = RetrievalConfig(
+        **{**fields_of(config, NeedleTrialGrid), "repeats": repeats, "seed": seed}
+    )
     return build_trials(model, grid)
 
 

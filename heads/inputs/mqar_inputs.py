@@ -79,7 +79,7 @@ class MQARSpec:
 
 
 @dataclass
-class MQARProbe:
+class MQARBatch:
     """A batch of MQAR examples with the positions the analyses need.
 
     Attributes:
@@ -103,8 +103,8 @@ class MQARProbe:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
-    def slice(self, s: slice) -> MQARProbe:
-        return MQARProbe(
+    def slice(self, s: slice) -> MQARBatch:
+        return MQARBatch(
             self.ids[s],
             self.labels[s],
             self.key_pos[s],
@@ -124,7 +124,7 @@ def _gap_probs(space: int, a: float) -> np.ndarray:
     return p / p.sum()
 
 
-def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
+def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARBatch:
     """Zoology MQAR examples (see the module docstring), with a private random generator."""
     rng = np.random.default_rng(seed)
     V, L, N = spec.vocab_size, spec.seq_len, spec.n_pairs
@@ -157,7 +157,7 @@ def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
         ids[filler] = rng.integers(0, V, size=int(filler.sum()))
     key_pos = np.broadcast_to(np.arange(0, 2 * N, 2), (n_examples, N))
     t = torch.from_numpy
-    return MQARProbe(
+    return MQARBatch(
         ids=t(ids),
         labels=t(labels),
         key_pos=t(key_pos.copy()),
@@ -168,7 +168,7 @@ def generate_mqar(spec: MQARSpec, n_examples: int, seed: int = 0) -> MQARProbe:
     )
 
 
-def insert_gap(probe: MQARProbe, gap: int, vocab_size: int, *, seed: int = 0) -> MQARProbe:
+def insert_gap(probe: MQARBatch, gap: int, vocab_size: int, *, seed: int = 0) -> MQARBatch:
     """Insert ``gap`` random tokens (of ``[0, vocab_size)``, like Zoology's filler) between the
     pairs and the query region of abstract examples; positions are shifted to match."""
     if gap < 0:
@@ -179,7 +179,7 @@ def insert_gap(probe: MQARProbe, gap: int, vocab_size: int, *, seed: int = 0) ->
     gen = torch.Generator().manual_seed(seed)
     fill = torch.randint(vocab_size, (len(probe), gap), generator=gen)
     pad = torch.full((len(probe), gap), -100, dtype=torch.long)
-    return MQARProbe(
+    return MQARBatch(
         ids=torch.cat([probe.ids[:, :ctx], fill, probe.ids[:, ctx:]], 1),
         labels=torch.cat([probe.labels[:, :ctx], pad, probe.labels[:, ctx:]], 1),
         key_pos=probe.key_pos,
@@ -257,7 +257,7 @@ def render_mqar(
     prefix_gap: int = 0,
     bos_id: int | None = None,
     seed: int = 0,
-) -> MQARProbe:
+) -> MQARBatch:
     """Zoology examples rendered into a pretrained tokenizer (see the module docstring).
 
     Layouts:
@@ -337,7 +337,7 @@ def render_mqar(
     target = table[raw.target]
     labels = torch.full_like(ids_t, -100)
     labels.scatter_(1, q_t, target)
-    return MQARProbe(
+    return MQARBatch(
         ids=ids_t,
         labels=labels,
         key_pos=torch.tensor(kpos, dtype=torch.long),

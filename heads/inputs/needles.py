@@ -139,7 +139,7 @@ NEEDLES: dict[str, Needle] = {
 
 
 @dataclass
-class Trial:
+class NeedleTrial:
     """One needle-in-a-haystack prompt.
 
     Attributes:
@@ -249,7 +249,7 @@ class TrialBuilder:
 
     def build(
         self, length: int, depth: float, needle: Needle, rng: random.Random, trial_id: str
-    ) -> Trial:
+    ) -> NeedleTrial:
         sentence, question, lead, answer = needle.draw(rng)
         before, after = self.frame(question, lead)
         needle_ids = self._encode(" " + sentence)
@@ -277,7 +277,7 @@ class TrialBuilder:
             )
         ids = before + hay[:insert] + needle_ids + hay[insert:] + after
         base = len(before) + insert
-        return Trial(trial_id, length, depth, needle.name, answer, ids, (base + s, base + e))
+        return NeedleTrial(trial_id, length, depth, needle.name, answer, ids, (base + s, base + e))
 
 
 def _ends_sentence(token_text: str) -> bool:

@@ -20,7 +20,6 @@ from jaxtyping import Int
 from torch import Tensor
 
 from headhunt.errors import HeadhuntError
-from headhunt.reading import read_texts  # noqa: F401  (the one texts reader, re-exported)
 
 
 def token_pool(tokenizer, vocab_size: int | None = None) -> np.ndarray:

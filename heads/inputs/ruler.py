@@ -24,7 +24,7 @@ import string
 from dataclasses import dataclass
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.inputs.needles import CITIES, Trial, TrialBuilder, rouge1_recall
+from headhunt.heads.inputs.needles import CITIES, NeedleTrial, TrialBuilder, rouge1_recall
 
 TASKS = ("mk_niah", "mv_niah", "vt", "cwe")
 # Decoding budget per task: long enough for every expected string of the task.
@@ -56,7 +56,7 @@ class TaskTrial:
         return sum(a.lower() in low for a in self.answers) / len(self.answers)
 
 
-def from_needles(trials: list[Trial]) -> list[TaskTrial]:
+def from_needles(trials: list[NeedleTrial]) -> list[TaskTrial]:
     """Needle trials as task ``needle``."""
     return [TaskTrial(t.id, "needle", t.length, t.input_ids, [t.answer]) for t in trials]
 

@@ -21,7 +21,7 @@ from headhunt.heads.evaluations.calibrate import (
     rank_candidates,
     search_heads,
 )
-from headhunt.heads.inputs.tasks import (
+from headhunt.heads.inputs.calibration_tasks import (
     bundled_tasks,
     load_task,
     split_task,

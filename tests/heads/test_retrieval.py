@@ -13,7 +13,7 @@ from headhunt.heads.retrieval import (
     build_trials,
     kv_group_table,
     reference_json,
-    run_trials,
+    run_needle_trials,
     trial_hits,
 )
 from headhunt.probes.attention import AttentionCall, AttentionHook
@@ -91,7 +91,7 @@ def test_planted_copy_head_ranks_first():
     handle = force_copy_output(model, prompts, spans, model.tokenizer.eos_token_id)
     try:
         with model.hooks(hook, layers=[PLANTED[0]]):
-            records = run_trials(model, trials, config, progress=False)
+            records = run_needle_trials(model, trials, config, progress=False)
     finally:
         handle.remove()
     assert all(r["counted"] for r in records), [r["response"] for r in records]
@@ -164,7 +164,7 @@ def test_skipping_stopped_rows_keeps_every_score(device, monkeypatch, many_layer
 
 def test_wrong_answers_are_not_counted(tiny):
     config = RetrievalConfig(lengths=[128], depths=[50], needles=["passkey"], max_new_tokens=3)
-    records = run_trials(tiny, build_trials(tiny, config), config, progress=False)
+    records = run_needle_trials(tiny, build_trials(tiny, config), config, progress=False)
     assert not any(r["counted"] for r in records)  # a random model does not recall
     assert aggregate(records, tiny).matrix("retrieval_score").max() == 0
 
@@ -200,7 +200,7 @@ def test_embedded_model_finds_sparse_retrieval_heads(smol):
     config = RetrievalConfig(
         lengths=[400], depths=[30, 70], needles=["passkey", "magic"], max_new_tokens=12
     )
-    records = run_trials(smol, build_trials(smol, config), config, progress=False)
+    records = run_needle_trials(smol, build_trials(smol, config), config, progress=False)
     assert sum(r["counted"] for r in records) >= 2, [r["response"] for r in records]
     mat = aggregate(records, smol).matrix("retrieval_score")
     assert mat.max() > 0.3
@@ -228,7 +228,7 @@ def test_embedded_model_scores_equal_with_stopped_rows_skipped(smol, monkeypatch
     records = {}
     for skip in (True, False):
         seen["skip"] = skip
-        records[skip] = run_trials(smol, trials, config, progress=False)
+        records[skip] = run_needle_trials(smol, trials, config, progress=False)
     assert len(seen["lengths"]) > 1  # some rows stopped while others decoded on
     assert records[True] == records[False]
 
@@ -259,7 +259,7 @@ def test_planted_copy_head_of_a_hybrid_is_found_in_its_attention_layer():
     handle = force_copy_output(model, prompts, spans, model.tokenizer.eos_token_id)
     try:
         with model.hooks(hook, layers=[planted[0]]):
-            records = run_trials(model, trials, config, progress=False)
+            records = run_needle_trials(model, trials, config, progress=False)
     finally:
         handle.remove()
     assert all(r["counted"] for r in records)

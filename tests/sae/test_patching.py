@@ -10,7 +10,7 @@ from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionHook
 from headhunt.sae import patching
 from headhunt.sae.planted import planted_model
-from headhunt.sae.tasks import PromptPair, encode_pairs, make_pairs
+from headhunt.sae.prompt_pairs import PromptPair, encode_pairs, make_pairs
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ prediction is the argmax, at the last position, over the logits of the first tok
 (multiple choice). Labels must start with distinct tokens.
 
 Bundled tasks (``heads/data/tasks/*.jsonl``) were generated for this project by
-:func:`write_bundled` (``python -m headhunt.heads.inputs.tasks DIR``) from hand-written templates and
+:func:`write_bundled` (``python -m headhunt.heads.inputs.calibration_tasks DIR``) from hand-written templates and
 word lists with verifiable answers; no third-party data set is used.
 """
 
@@ -179,6 +179,11 @@ def split_task(
 # ---------------------------------------------------------------------------------------
 
 
+def _labelled(text: str, labels: list[str], label: str, instruction: str) -> dict[str, Any]:
+    """One classification item of a bundled task, as its JSONL line holds it."""
+    return {"text": text, "labels": labels, "label": label, "instruction": instruction}
+
+
 def _sentiment(rng: random.Random) -> list[dict[str, Any]]:
     domains = {
         "restaurant": ["the food", "the service", "the pasta", "our waiter", "the dessert"],
@@ -229,13 +234,9 @@ def _sentiment(rng: random.Random) -> list[dict[str, Any]]:
         else:
             feel = "loved" if good else "hated"
             text = f"We {feel} this {dom}: {a} was {x} and {b} was {y}."
+        label = "positive" if good else "negative"
         items.append(
-            {
-                "text": f"Review: {text}",
-                "labels": ["positive", "negative"],
-                "label": "positive" if good else "negative",
-                "instruction": rng.choice(instructions),
-            }
+            _labelled(f"Review: {text}", ["positive", "negative"], label, rng.choice(instructions))
         )
     return items
 
@@ -317,14 +318,7 @@ def _topic(rng: random.Random) -> list[dict[str, Any]]:
             dish=rng.choice(["pie", "stew", "tart", "omelette", "risotto", "salad"]),
         )
         text = text[0].upper() + text[1:]
-        items.append(
-            {
-                "text": f"Text: {text}",
-                "labels": labels,
-                "label": label,
-                "instruction": rng.choice(instructions),
-            }
-        )
+        items.append(_labelled(f"Text: {text}", labels, label, rng.choice(instructions)))
     return items
 
 
@@ -403,14 +397,8 @@ def _compare(rng: random.Random) -> list[dict[str, Any]]:
             if truth != want_yes:
                 x, y = y, x
             q = f"Is {sizes[x]} {word} than {sizes[y]}?"
-        items.append(
-            {
-                "text": f"Question: {q}",
-                "labels": ["yes", "no"],
-                "label": "yes" if want_yes else "no",
-                "instruction": rng.choice(instructions),
-            }
-        )
+        label = "yes" if want_yes else "no"
+        items.append(_labelled(f"Question: {q}", ["yes", "no"], label, rng.choice(instructions)))
     return items
 
 
@@ -433,6 +421,9 @@ ANIMALS = {
 }
 
 
+ANIMAL_INSTRUCTION = "Name the animal's class: mammal, bird, fish, insect or reptile."
+
+
 def _animals(rng: random.Random) -> list[dict[str, Any]]:
     templates = [
         "What kind of animal is the {a}?",
@@ -445,15 +436,8 @@ def _animals(rng: random.Random) -> list[dict[str, Any]]:
     for label in labels:
         for animal in ANIMALS[label].split():
             for t in rng.sample(templates, 3):
-                items.append(
-                    {
-                        "text": f"Animal: {animal}. {t.format(a=animal)}",
-                        "labels": labels,
-                        "label": label,
-                        "instruction": "Name the animal's class: mammal, bird, fish, insect or "
-                        "reptile.",
-                    }
-                )
+                text = f"Animal: {animal}. {t.format(a=animal)}"
+                items.append(_labelled(text, labels, label, ANIMAL_INSTRUCTION))
     rng.shuffle(items)
     return items
 
