@@ -16,6 +16,8 @@ before, in one line, by :class:`~headhunt.probes.hooked.HookedModel`.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable
 
 import torch
@@ -93,31 +95,24 @@ def _gpt_neo(module: torch.nn.Module) -> None:
 # ---------------------------------------------------------------------------------- ALiBi
 
 
-def _alibi_scores(module, query, key, attention_mask, kwargs) -> Tensor:
-    """[b, h, nq, nk] float32 logits of an ALiBi module: the scaled products plus
-    ``slope * (j - (nk - 1))`` (MPT's bias; BLOOM's differs by a constant per row, which no
-    softmax sees), masked with the dtype's minimum as both modules do."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * kwargs["scaling"]
-    slopes = kwargs.get("alibi_slopes")
-    if slopes is not None:
-        nk = key.shape[2]
-        rel = torch.arange(1 - nk, 1, dtype=torch.int32, device=key.device).view(1, 1, 1, nk)
-        scores = scores + rel * slopes.view(1, -1, 1, 1)
-    if attention_mask is not None:
-        scores = scores.masked_fill(~_visible(attention_mask), torch.finfo(query.dtype).min)
-    return scores
-
-
 def _mpt(module: torch.nn.Module) -> None:
     """``MptAttention`` (MosaicML MPT): fused ``Wqkv`` (clipped to ``clip_qkv`` when set),
     scores ``q . k * softmax_scale`` plus the model's ALiBi tensor ``position_bias``
     (``slope * (j - (L - 1))`` over the last keys; Press et al., arXiv 2108.12409), a boolean
     mask (True = masked), softmax in float32. The slopes are read off ``position_bias`` itself:
     its last two columns differ by exactly one slope. Its forward is restated here around the
-    seam, with its own score code as the kernel (:func:`_alibi_scores`, the same float32 bias)."""
+    seam, with its own score code as the kernel (the same int32 positions times float32 slopes,
+    so the same bias to the bit)."""
 
     def kernel(_module, query, key, value, attention_mask, **kwargs):
-        scores = _alibi_scores(module, query, key, attention_mask, kwargs)
+        scores = torch.matmul(query, key.transpose(-1, -2)) * kwargs["scaling"]
+        slopes = kwargs.get("alibi_slopes")
+        if slopes is not None:  # MPT's bias over the last nk of its positions 1 - L .. 0
+            nk = key.shape[2]
+            rel = torch.arange(1 - nk, 1, dtype=torch.int32, device=key.device).view(1, 1, 1, nk)
+            scores = scores + rel * slopes.view(1, -1, 1, 1)
+        if attention_mask is not None:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
         weights = torch.softmax(scores.float(), dim=-1).to(value.dtype)
         return torch.matmul(weights, value).transpose(1, 2), weights
 
@@ -152,8 +147,6 @@ def _bloom(module: torch.nn.Module) -> None:
     softmax in float32. The slopes are the modeling file's own (``_get_alibi_slopes``). BLOOM
     rounds its bias to the model's dtype; below float32 that rounding (up to a unit at long
     context) is not the exact bias headhunt's kernels add, so such a model is refused."""
-    import sys
-
     slopes_of = sys.modules[type(module).__module__]._get_alibi_slopes
     dropout_add = sys.modules[type(module).__module__].dropout_add
 
@@ -212,9 +205,6 @@ def _falcon(module: torch.nn.Module) -> None:
     here around the seam with that code as the kernel. Falcon with ALiBi (Falcon-RW) computes
     its bias in bfloat16 and scales it with the scores; headhunt's kernels add the exact bias,
     so it is refused in one line."""
-    import math
-    import sys
-
     rotary = sys.modules[type(module).__module__].apply_rotary_pos_emb
     scaling = 1.0 / math.sqrt(module.head_dim)
 
@@ -248,9 +238,7 @@ def _falcon(module: torch.nn.Module) -> None:
         q, k = rotary(q, k, *position_embeddings)
         if layer_past is not None:
             k, v = layer_past.update(k, v, module.layer_idx)
-        mask = attention_mask
-        if mask is not None and mask.dtype != torch.bool:
-            mask = _visible(mask)
+        mask = _visible(attention_mask)
         out, weights = attention.headhunt_attention(module, q, k, v, mask, scaling=scaling)
         return module.dense(out.reshape(b, n, module.num_heads * module.head_dim)), weights
 
