@@ -91,3 +91,23 @@ def test_skip_stopped_rows_drops_only_steps_past_a_rows_stop(tiny, monkeypatch, 
     valid = valid[:, None, :, None].expand_as(got.argmax)
     assert torch.equal(got.argmax[valid], full.argmax[valid])
     assert (got.argmax[~valid] == -1).all()
+
+
+def test_alibi_layers_stay_off_the_many_layer_kernel(monkeypatch):
+    # Planted: all queries zero, so every raw score ties and the many-layer kernel (which adds
+    # no bias) would pick key 0; with a positive ALiBi slope the bias slope * (j - p) is
+    # largest at the query's own position, the last key.
+    from headhunt.probes.attention import AttentionCall
+
+    monkeypatch.setattr(capture.DecodeArgmax, "_batched_ok", lambda self, call: True)
+    nk = 9
+    q, k = torch.zeros(1, 2, 1, 4), torch.randn(1, 1, nk, 4)
+    slopes = torch.tensor([0.5, 0.25])
+    call = AttentionCall(0, q, k, k, None, 0.5, kwargs={"alibi_slopes": slopes})
+    hook = capture.DecodeArgmax(1)
+    hook.before(call)
+    assert not hook._pending
+    assert hook.step[0].tolist() == [[nk - 1, nk - 1]]
+    plain = AttentionCall(0, q, k, k, None, 0.5)
+    hook.before(plain)  # the check is ALiBi's: the same call without it takes the kernel
+    assert 0 in hook._pending
