@@ -1,6 +1,6 @@
 """Attention modules that compute attention in their own code, captured through the module.
 
-Older modeling files of transformers (GPT-Neo, MPT, BLOOM, Falcon) never call an attention
+Older modeling files of transformers (GPT-Neo, GPT-NeoX-Japanese, MPT, BLOOM, Falcon) never call an attention
 function through the ``AttentionInterface``, so headhunt's implementation is never reached.
 For the module classes below, headhunt routes the module's own attention through the same seam
 as every other model (:func:`headhunt.probes.attention.headhunt_attention`): hooks see one
@@ -60,19 +60,19 @@ def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     )
 
 
-# ---------------------------------------------------------------------------------- GPT-Neo
+# ------------------------------------------------------------- modules with an _attn method
 
 
-def _gpt_neo(module: torch.nn.Module) -> None:
-    """``GPTNeoSelfAttention``: ``_attn(query, key, value, attention_mask)`` gets q, k, v as
-    [b, h, n, d] after the projections, with no scaling (raw q . k scores, Mesh-TensorFlow's
-    GPT-Neo), and the model's mask; the module's ``bias`` buffer adds the causal rule and, in
-    local layers, a sliding window of ``config.window_size`` keys. The call's mask is the model's
-    mask and that buffer together, so the window is in every row's visible interval."""
+def _route_attn(module: torch.nn.Module, scaling: float, window: int | None = None) -> None:
+    """Route a module whose ``_attn(query, key, value, attention_mask)`` gets q, k, v as
+    [b, h, n, d] after the projections (and rotary) and the model's additive mask, and returns
+    ``(output [b, h, nq, d], weights)``: the call goes through the seam, the original method
+    stays the kernel. With ``window``, the module's ``bias`` buffer limits each query to the
+    last ``window`` keys, and the call's mask is the model's mask and that buffer together."""
     original: Callable = module._attn
-    module.layer_idx = module.layer_id
-    local = module.attention_type == "local"
-    window = int(module.config.window_size) if local else None
+    kwargs = (
+        {"scaling": scaling} if window is None else {"scaling": scaling, "sliding_window": window}
+    )
 
     def kernel(_module, query, key, value, attention_mask, **_kwargs):
         out, weights = original(query, key, value, _additive(attention_mask, query.dtype))
@@ -80,16 +80,30 @@ def _gpt_neo(module: torch.nn.Module) -> None:
 
     def routed(query, key, value, attention_mask=None):
         mask = _visible(attention_mask)
-        if local:
+        if window is not None:
             nq, nk = query.shape[2], key.shape[2]
             buffer = module.bias[:, :, nk - nq : nk, :nk]
             mask = buffer if mask is None else mask & buffer
-        kwargs = {"scaling": 1.0} if window is None else {"scaling": 1.0, "sliding_window": window}
         out, weights = attention.headhunt_attention(module, query, key, value, mask, **kwargs)
         return out.transpose(1, 2), weights
 
     module.headhunt_kernel = kernel
     module._attn = routed
+
+
+def _gpt_neo(module: torch.nn.Module) -> None:
+    """``GPTNeoSelfAttention``: no scaling (raw q . k scores, as Mesh-TensorFlow's GPT-Neo);
+    its ``bias`` buffer adds the causal rule and, in local layers, a sliding window of
+    ``config.window_size`` keys. Its layer index is ``layer_id``."""
+    module.layer_idx = module.layer_id
+    local = module.attention_type == "local"
+    _route_attn(module, 1.0, int(module.config.window_size) if local else None)
+
+
+def _gpt_neox_japanese(module: torch.nn.Module) -> None:
+    """``GPTNeoXJapaneseAttention``: fused projection, partial rotary, scores
+    ``q . k / sqrt(head_size)``, the model's causal mask."""
+    _route_attn(module, 1.0 / module.norm_factor)
 
 
 # ---------------------------------------------------------------------------------- ALiBi
@@ -250,5 +264,6 @@ _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,
     "GPTNeoSelfAttention": _gpt_neo,
+    "GPTNeoXJapaneseAttention": _gpt_neox_japanese,
     "MptAttention": _mpt,
 }

@@ -264,12 +264,13 @@ def zeroed():
 def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     """For an attention module that computes attention in its own code (no AttentionInterface),
     its query projection and where head h's query sits in that projection's output."""
-    name, d = type(module).__name__, getattr(module, "head_dim", None)
+    name = type(module).__name__
+    d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
     if name == "GPTNeoSelfAttention":  # q_proj: [.., heads * d]
         return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
     if name == "MptAttention":  # Wqkv: [.., 3 * heads * d], queries first
         return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)
-    if name == "BloomAttention":  # query_key_value: [.., heads, 3, d], query first
+    if name in ("BloomAttention", "GPTNeoXJapaneseAttention"):  # [.., heads, 3, d], q first
         return module.query_key_value, lambda h: slice(3 * h * d, 3 * h * d + d)
     if name == "FalconAttention" and module.multi_query and not module.new_decoder_architecture:
         return module.query_key_value, lambda h: slice(h * d, (h + 1) * d)  # [.., heads + 2, d]
