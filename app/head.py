@@ -15,8 +15,9 @@ from headhunt.app.views import (
     chosen_view,
     drawable_views,
     go_to,
-    no_runs_message,
+    page_scores,
     scores_or_error,
+    without_run,
 )
 from headhunt.errors import HeadhuntError
 
@@ -73,9 +74,7 @@ def load_model_for(ctx: Context, spec: str):
 
 
 def head_detail_page(ctx: Context) -> None:
-    if ctx.entry is None:
-        st.header("Head detail")
-        no_runs_message(ctx.root)
+    if without_run(ctx, "Head detail"):
         return
     layer, head = ctx.layer, ctx.head
     shape = ctx.entry.run.manifest.get("model", {}) if ctx.entry.run else {}
@@ -240,11 +239,7 @@ IV_DEFAULTS = {"iv_beta": 0.4, "iv_length": 400, "iv_depth": 50, "iv_seed": 0}
 
 
 def interventions_page(ctx: Context) -> None:
-    st.header("Interventions")
-    if ctx.entry is None:
-        no_runs_message(ctx.root)
-        return
-    scores = scores_or_error(ctx.entry)
+    scores = page_scores(ctx, "Interventions")
     if scores is None:
         return
     shape = ctx.entry.run.manifest.get("model", {})

@@ -15,7 +15,7 @@ import streamlit as st
 from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.app.head import DEFAULT_PROMPT, load_model_for, model_spec
-from headhunt.app.views import Context, no_runs_message
+from headhunt.app.views import Context, without_run
 from headhunt.errors import HeadhuntError
 from headhunt.probes.headview import HeadView
 from headhunt.views import headview as hv
@@ -29,9 +29,7 @@ SOURCES = {
 
 
 def head_view_page(ctx: Context) -> None:
-    if ctx.entry is None:
-        st.header("Head view")
-        no_runs_message(ctx.root)
+    if without_run(ctx, "Head view"):
         return
     layer, head = ctx.layer, ctx.head
     saved = st.session_state.get("hv_source") == "file"

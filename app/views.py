@@ -56,6 +56,23 @@ def no_runs_message(root: str) -> None:
     )
 
 
+def without_run(ctx: Context, title: str) -> bool:
+    """True after saying there is no run to show (with the page's ``title``)."""
+    if ctx.entry is not None:
+        return False
+    st.header(title)
+    no_runs_message(ctx.root)
+    return True
+
+
+def page_scores(ctx: Context, title: str):
+    """The page's header and its run's scores, or None after saying why there are none."""
+    if without_run(ctx, title):
+        return None
+    st.header(title)
+    return scores_or_error(ctx.entry)
+
+
 def scores_or_error(entry: hi.RunEntry):
     """The run's scores, or None after showing why they cannot be read."""
     if not entry.ok:
@@ -278,11 +295,7 @@ def chosen_view(
 
 
 def heads_map_page(ctx: Context) -> None:
-    st.header("Heads map")
-    if ctx.entry is None:
-        no_runs_message(ctx.root)
-        return
-    scores = scores_or_error(ctx.entry)
+    scores = page_scores(ctx, "Heads map")
     if scores is None:
         return
     note = hi.scores_note(ctx.entry.run)

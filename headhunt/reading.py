@@ -1,4 +1,4 @@
-"""The one way headhunt reads JSON lines: a run's own records (a line cut by a crash ends them)
+"""The one way headhunt reads JSON lines and files: a run's own records (a line cut by a crash ends them)
 and a user's input files (a bad line is refused in one line naming the file and the line), and
 the one texts reader (a ``.txt`` file whole, or the ``text`` of each JSONL row). A core module:
 every layer may use it.
@@ -27,6 +27,22 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             break
     return out
+
+
+def read_json(path: str | os.PathLike, missing: str) -> Any:
+    """A JSON file a run or a store keeps (its manifest, its meta).
+
+    Raises:
+        HeadhuntError: ``missing`` when the file is not there; ``{path} is corrupt: ...`` when
+            it is not JSON.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HeadhuntError(missing) from None
+    except json.JSONDecodeError as e:
+        raise HeadhuntError(f"{path} is corrupt: {e}") from None
 
 
 def read_rows(

@@ -23,7 +23,7 @@ from typing import Any
 from headhunt.atomic import append_durably, json_default, write_file
 from headhunt.atomic import write_error as write_error  # the CLI names a failed write with it
 from headhunt.errors import HeadhuntError
-from headhunt.reading import read_records
+from headhunt.reading import read_json, read_records
 
 MANIFEST = "manifest.json"
 SCORES = "scores.parquet"
@@ -438,12 +438,7 @@ def load_run(path: str | os.PathLike) -> Run:
     path = Path(path).expanduser()
     if not path.is_dir():
         raise HeadhuntError(f"no run directory at {path}")
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise HeadhuntError(f"{path} is not a finished run (no {MANIFEST})") from None
-    except json.JSONDecodeError as e:
-        raise HeadhuntError(f"{path / MANIFEST} is corrupt: {e}") from None
+    manifest = read_json(path / MANIFEST, f"{path} is not a finished run (no {MANIFEST})")
     if not isinstance(manifest, dict) or "method" not in manifest:
         raise HeadhuntError(f"{path / MANIFEST} is not a headhunt manifest")
     return Run(path=path, manifest=manifest)

@@ -45,6 +45,7 @@ from headhunt.errors import HeadhuntError
 from headhunt.probes.attention import AttentionCall, AttentionHook
 from headhunt.probes.configs import STATE_DTYPES, CaptureConfig
 from headhunt.probes.hooked import HookedModel
+from headhunt.reading import read_json
 
 META = "meta.json"
 FORMAT = 1
@@ -142,12 +143,7 @@ class StateStore:
             HeadhuntError: no store there, or its capture did not finish.
         """
         path = Path(path)
-        try:
-            meta = json.loads((path / META).read_text())
-        except FileNotFoundError:
-            raise HeadhuntError(f"no captured states in {path} (no {META})") from None
-        except json.JSONDecodeError as e:
-            raise HeadhuntError(f"{path / META} is corrupt: {e}") from None
+        meta = read_json(path / META, f"no captured states in {path} (no {META})")
         store = cls(path, meta)
         missing = [s for s in range(store.n_shards) if not store._shard(s).is_dir()]
         if missing:
