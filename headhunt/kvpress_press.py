@@ -12,7 +12,13 @@ Importable only where kvpress is installed (``make kvpress-env``: kvpress pins t
   :func:`headhunt.kvbudget.keep_shares` (the best-scoring heads keep their whole cache first;
   the others in proportion to ``floor + score``), so the budget moves across layers as well as
   heads; within a head the token scorer (expected attention by default, or key norms via
-  ``KnormPress``) picks the tokens, after the first ``sink`` and last ``window`` tokens.
+  ``KnormPress``, or the most recent ones via :class:`RecencyPress`) picks the tokens, after
+  the first ``sink`` and last ``window`` tokens.
+
+:func:`attention_spread` measures the head data for a per-head budget that head scores of
+retrieval runs cannot give: each query head's share of attention mass outside its first ``sink``
+and last ``window`` keys (the tokens :class:`HeadBudgetPress` always keeps), exactly, from the
+model's own (eager) attention probabilities on a set of texts.
 
 Both evict by kvpress's head-wise masking (``module.masked_key_indices``, read by kvpress's
 attention patch): evicted keys stay in memory, masked, as in kvpress's AdaKV, DuoAttention and
@@ -141,6 +147,65 @@ class HeadBudgetPress(BasePress):
         self.kept_entries += int(bsz * keep.sum().item())
         module.masked_key_indices = (b, h, order[b, h, r]) if b.numel() else None
         return keys, values
+
+
+@dataclass
+class RecencyPress(ScorerPress):
+    """Scores each token by its position, so a budget keeps the most recent tokens (inside
+    :class:`HeadBudgetPress`: a per-head StreamingLLM window whose length is the head's budget).
+    """
+
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        bsz, n_kv, k_len, _ = keys.shape
+        pos = torch.arange(1, k_len + 1, device=keys.device, dtype=keys.dtype) / k_len
+        return pos.view(1, 1, k_len).expand(bsz, n_kv, k_len).clone()
+
+
+def outside_mass(weights: torch.Tensor, sink: int, window: int) -> torch.Tensor:
+    """Per-head mean share of attention mass outside the first ``sink`` keys and the last
+    ``window`` keys of each query row (its own key included in the window), over the rows that
+    have such keys (row ``i >= sink + window``). ``weights``: [batch, heads, queries, keys]
+    causal attention probabilities with queries aligned to the last keys; returns [heads]."""
+    b, h, nq, nk = weights.shape
+    first = max(sink + window, nk - nq)
+    if first >= nk:
+        raise ValueError(f"{nk} keys leave no row beyond sink {sink} + window {window}")
+    rows = torch.arange(first, nk, device=weights.device)  # absolute positions of the rows
+    w = weights[:, :, rows - (nk - nq)].float()
+    c = torch.cumsum(w, dim=-1)  # c[..., j] = mass on keys 0..j
+    hi = (rows - window).view(1, 1, -1, 1).expand(b, h, -1, 1)  # last key outside the window
+    middle = c.gather(-1, hi).squeeze(-1) - (c[..., sink - 1] if sink > 0 else 0.0)
+    return middle.mean(dim=(0, 2))
+
+
+def attention_spread(model, texts_ids: list[list[int]], sink: int, window: int) -> np.ndarray:
+    """[layers, query heads] mean :func:`outside_mass` of the model's attention on the texts
+    (token id lists), from its eager attention probabilities (exact: no approximation; one
+    layer's [heads, n, n] matrix at a time, reduced inside a forward hook)."""
+    layers = attention_layers(model)
+    sums = [None] * len(layers)
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+
+    def hook(i):
+        def reduce(_module, _args, output):
+            m = outside_mass(output[1], sink, window)
+            sums[i] = m if sums[i] is None else sums[i] + m
+
+        return reduce
+
+    handles = [layer.self_attn.register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for ids in texts_ids:
+                model.model(input_ids=torch.tensor([ids], device=model.device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation(before)
+    return torch.stack(sums).cpu().numpy() / len(texts_ids)
 
 
 def attention_layers(model) -> list:

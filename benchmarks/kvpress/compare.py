@@ -12,12 +12,22 @@ Presses: none; StreamingLLM; SnapKV; ExpectedAttention; KVzip; AdaKV(ExpectedAtt
 CriticalKV(ExpectedAttention); DuoAttention on the fly (kvpress's scorer fed the bundled essays
 instead of BookSum); and from headhunt's retrieval scores: the DuoAttention pattern
 (``export --format kvpress``), the LU-KV curve (``lukv``), AdaKV head weights (``adakv``) and
-``HeadBudgetPress``. DuoAttention's head ratio is set so the measured share of entries removed
-equals the target (kvpress#228); the others take the ratio as is. Responses are scored in
-headhunt's environment (``summarize.py``).
+``HeadBudgetPress``; and the next idea, head data no retrieval score holds: each head's attention
+spread (``attention_spread``: the share of its attention mass outside the first 4 and last 64
+tokens, measured exactly on essay windows) as ``HeadBudgetPress`` budgets, tokens chosen by
+expected attention (``hh_spread``) or by recency (``hh_spread_recent``: a per-head StreamingLLM
+window). DuoAttention's head ratio is set so the measured share of entries removed equals the
+target (kvpress#228); the others take the ratio as is. Responses are scored in headhunt's
+environment (``summarize.py``).
+
+``--workers N`` runs the conditions in N processes sharing the GPU (a 135M model leaves it
+mostly idle: launch-bound), pulling chunks of examples from one queue in priority order (no
+compression, then ratios 0.5 and 0.75, then 0.25 and 0.875), each stopping at ``--deadline``
+seconds; their timings are then not per-press timings. A single process then times every
+press alone (``--time-examples`` examples at 0.5, after one warm-up), rows marked ``timing``.
 
     python compare.py --model DIR --examples examples.jsonl --scores retrieval_heads.json \
-        --out results.jsonl
+        --out results.jsonl [--workers 14 --deadline 480]
     python compare.py --random-8b --lengths 32768 --out mem.jsonl   # memory and time only
 """
 
@@ -26,6 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing as mp
+import queue
 import time
 from pathlib import Path
 
@@ -48,11 +60,26 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from headhunt.export import ModelShape, export
 from headhunt.kvbudget import fold_kv
-from headhunt.kvpress_press import HeadBudgetPress, HeadWeightedPress, kv_entries
+from headhunt.kvpress_press import (
+    HeadBudgetPress,
+    HeadWeightedPress,
+    RecencyPress,
+    attention_spread,
+    kv_entries,
+)
 
 RATIOS = (0.25, 0.5, 0.75, 0.875)
 DUO_SINK, DUO_RECENT = 128, 256  # kvpress's on-the-fly DuoAttention window, for both patterns
-HEAD_PRESSES = ("duo_fly", "hh_duo", "hh_lukv", "hh_adakv", "hh_budget")
+SPREAD_SINK, SPREAD_WINDOW = 4, 64  # HeadBudgetPress's defaults: the tokens every head keeps
+HEAD_PRESSES = (
+    "duo_fly",
+    "hh_duo",
+    "hh_lukv",
+    "hh_adakv",
+    "hh_budget",
+    "hh_spread",
+    "hh_spread_recent",
+)
 PRESSES = (
     "streaming",
     "snapkv",
@@ -80,15 +107,28 @@ def local_booksum(texts: list[str]):
     return lambda *a, **k: Local()
 
 
-def essay_chunks(n: int = 60, chars: int = 3000) -> list[str]:
+def essays() -> str:
     from importlib import resources
 
     folder = resources.files("headhunt.heads") / "data" / "haystack"
-    text = "\n\n".join(
+    return "\n\n".join(
         f.read_text()
         for f in sorted(folder.iterdir(), key=lambda f: f.name)
         if f.name.endswith(".txt")
     )
+
+
+def essay_windows(tokenizer, n: int, length: int) -> list[list[int]]:
+    """``n`` windows of ``length`` tokens of the bundled essays, evenly spaced."""
+    ids = tokenizer(essays())["input_ids"]
+    if len(ids) < length:
+        raise ValueError(f"the essays hold {len(ids)} tokens, fewer than {length}")
+    step = max(1, (len(ids) - length) // max(1, n - 1))
+    return [ids[i * step : i * step + length] for i in range(n)]
+
+
+def essay_chunks(n: int = 60, chars: int = 3000) -> list[str]:
+    text = essays()
     step = max(1, (len(text) - chars) // n)
     return [text[i * step : i * step + chars] for i in range(n)]
 
@@ -158,6 +198,15 @@ def make_press(name: str, ratio: float, length: int, data: dict | None):
         return AdaKVPress(inner)
     if name == "hh_budget":
         return HeadBudgetPress(head_scores=data["kv"], compression_ratio=ratio)
+    if name in ("hh_spread", "hh_spread_recent"):
+        tokens = RecencyPress() if name == "hh_spread_recent" else ExpectedAttentionPress()
+        return HeadBudgetPress(
+            head_scores=data["spread_kv"],
+            press=tokens,
+            compression_ratio=ratio,
+            sink=SPREAD_SINK,
+            window=SPREAD_WINDOW,
+        )
     raise ValueError(name)
 
 
@@ -200,52 +249,162 @@ def run_one(pipe, model, press, ex: dict, max_new_tokens: int) -> dict:
     }
 
 
-def compare(a) -> None:
+def load(model_dir: str):
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device).eval()
-    tok = AutoTokenizer.from_pretrained(a.model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tok, device=model.device)
-    examples = [json.loads(x) for x in Path(a.examples).read_text().splitlines()][: a.limit or None]
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = head_data(model, Path(a.scores), out.parent / "head_data")
+    return model, tok, pipe
+
+
+def prepare(a, model, tok, presses: list[str], folder: Path) -> dict:
+    """Every press's head data, derived once and timed: headhunt's exports of the retrieval
+    scores, kvpress's DuoAttention on-the-fly scores, the attention spread. Saved to
+    ``folder/arrays.npz`` for the workers."""
+    data = head_data(model, Path(a.scores), folder)
     duo_attention_press.load_dataset = local_booksum(essay_chunks())
-    presses = a.presses.split(",") if a.presses else PRESSES
+    seconds = {"headhunt_export": data.pop("export_s")}
     t0 = time.perf_counter()
     try:
         if "duo_fly" in presses:
-            duo_attention_press.duo_attention_on_the_fly(model)  # cached: kvpress reuses it
+            data["duo_fly"] = duo_attention_press.duo_attention_on_the_fly(model)
     except Exception as e:  # its conditions then record the error
         print(f"DuoAttention on the fly failed: {type(e).__name__}: {e}", flush=True)
-    fly_s = time.perf_counter() - t0
+    sync()
+    seconds["duo_fly"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    windows = essay_windows(tok, a.spread_texts, a.spread_length)
+    spread = attention_spread(model, windows, SPREAD_SINK, SPREAD_WINDOW)
+    sync()
+    seconds["spread"] = time.perf_counter() - t0
+    data["spread"] = spread
+    data["spread_kv"] = fold_kv(spread, model.config.num_key_value_heads)
+    arrays = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
+    np.savez(folder / "arrays.npz", **arrays)
+    data["seconds"] = seconds
+    return data
+
+
+def loaded(folder: Path) -> dict:
+    with np.load(folder / "arrays.npz") as z:
+        data = {k: z[k] for k in z.files}
+    if "duo_fly" in data:  # kvpress's on-the-fly scorer, answered from the parent's scores
+        scores = data["duo_fly"]
+        duo_attention_press.duo_attention_on_the_fly = lambda model, *args, **kw: scores
+    return data
+
+
+def run_condition(pipe, model, name, ratio, examples, data, a, f, **extra) -> None:
+    for ex in examples:
+        press = None if name == "none" else make_press(name, ratio, ex["length"], data)
+        try:
+            tokens = ex.get("max_new_tokens", a.max_new_tokens)
+            rec = run_one(pipe, model, press, ex, tokens)
+        except Exception as e:  # a press that cannot run this model: said, not hidden
+            rec = {"error": f"{type(e).__name__}: {e}"[:300]}
+        row = {"press": name, "ratio": ratio, "id": ex["id"], **rec, **extra}
+        f.write(json.dumps(row) + "\n")
+        if "error" in rec:
+            break
+    f.flush()
+
+
+def worker(index: int, a, tasks, deadline: float, part: str) -> None:
+    torch.set_num_threads(1)
+    model, _, pipe = load(a.model)
+    data = loaded(Path(a.out).parent / "head_data")
+    examples = read_examples(a)
+    done = 0
+    with open(part, "w") as f:
+        while time.time() < deadline:
+            try:
+                name, ratio, lo, hi = tasks.get_nowait()
+            except queue.Empty:
+                break
+            run_condition(pipe, model, name, ratio, examples[lo:hi], data, a, f)
+            done += 1
+    print(f"worker {index}: {done} chunks", flush=True)
+
+
+def read_examples(a) -> list[dict]:
+    lines = Path(a.examples).read_text().splitlines()
+    return [json.loads(x) for x in lines][: a.limit or None]
+
+
+def compare(a) -> None:
+    start = time.time()
+    model, tok, pipe = load(a.model)
+    examples = read_examples(a)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = out.parent / "head_data"
+    presses = a.presses.split(",") if a.presses else list(PRESSES)
+    data = prepare(a, model, tok, presses, folder)
     meta = {
         "model": a.model,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "dtype": str(dtype),
+        "dtype": str(next(model.parameters()).dtype),
         "examples": len(examples),
-        "head_data_s": {"duo_fly": fly_s, "headhunt_export": data["export_s"]},
+        "head_data_s": data["seconds"],
         "headhunt_trials": data["trials"],
+        "spread_texts": [a.spread_texts, a.spread_length],
+        "workers": a.workers,
     }
     (out.parent / (out.stem + "_meta.json")).write_text(json.dumps(meta, indent=2))
-    # the ratios the issue's bar is set at first: a call cut short still has them
+    # the ratios the issue's bar is set at first: a run cut short still has them; within a
+    # ratio the slowest press first, so the workers finish together
     order = sorted(a.ratios, key=lambda r: (r not in (0.5, 0.75), r))
-    conds = [("none", 0.0)] + [(p, r) for r in order for p in presses]
-    with open(out, "w") as f:
-        for name, ratio in conds:
-            t0 = time.perf_counter()
-            for ex in examples:
-                press = None if name == "none" else make_press(name, ratio, ex["length"], data)
-                try:
-                    rec = run_one(pipe, model, press, ex, a.max_new_tokens)
-                except Exception as e:  # a press that cannot run this model: said, not hidden
-                    rec = {"error": f"{type(e).__name__}: {e}"[:300]}
-                f.write(json.dumps({"press": name, "ratio": ratio, "id": ex["id"], **rec}) + "\n")
-                if "error" in rec:
+    slow = sorted(presses, key=lambda p: p != "kvzip")
+    conds = [("none", 0.0)] + [(p, r) for r in order for p in slow]
+    chunk = a.chunk
+    tasks = [(n, r, lo, lo + chunk) for n, r in conds for lo in range(0, len(examples), chunk)]
+    deadline = start + a.deadline
+    parts = [str(out.parent / f"{out.stem}.part{i}.jsonl") for i in range(a.workers)]
+    if a.workers > 1:
+        del model, pipe
+        torch.cuda.empty_cache()
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        for t in tasks:
+            q.put(t)
+        procs = [
+            ctx.Process(target=worker, args=(i, a, q, deadline, parts[i])) for i in range(a.workers)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        left = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                q.get(timeout=1)
+                left += 1
+        print(f"{len(tasks) - left} of {len(tasks)} chunks done", flush=True)
+        model, tok, pipe = load(a.model)
+        data = loaded(folder)
+        with open(out, "w") as f:
+            for part in parts:
+                if Path(part).exists():
+                    f.write(Path(part).read_text())
+    else:
+        data = loaded(folder)
+        with open(out, "w") as f:
+            for n, r in conds:
+                if time.time() > deadline:
                     break
-            f.flush()
-            print(f"{name} {ratio}: {time.perf_counter() - t0:.1f}s", flush=True)
+                run_condition(pipe, model, n, r, examples, data, a, f)
+                print(f"{n} {r} done", flush=True)
+    if a.time_examples:
+        timed = examples[: a.time_examples + 1]
+        with open(out, "a") as f:
+            for n, r in [("none", 0.0)] + [(p, 0.5) for p in slow]:
+                if time.time() > start + a.deadline + a.time_budget:
+                    break
+                run_condition(pipe, model, n, r, timed[:1], data, a, f, timing="warm-up")
+                run_condition(pipe, model, n, r, timed[1:], data, a, f, timing=True)
+    print(f"done in {time.time() - start:.0f} s", flush=True)
 
 
 def random_8b(a) -> None:
@@ -336,7 +495,14 @@ def main() -> None:
     p.add_argument("--presses", default="")
     p.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",")], default=RATIOS)
     p.add_argument("--limit", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=20, help="unless an example sets it")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--chunk", type=int, default=15, help="examples per queued task")
+    p.add_argument("--deadline", type=float, default=1e9, help="seconds for the conditions")
+    p.add_argument("--time-examples", type=int, default=0, help="then time each press alone")
+    p.add_argument("--time-budget", type=float, default=60, help="seconds for the timing")
+    p.add_argument("--spread-texts", type=int, default=4)
+    p.add_argument("--spread-length", type=int, default=4096)
     p.add_argument("--random-8b", action="store_true")
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[32768])
     p.add_argument("--out", required=True)

@@ -1,10 +1,12 @@
 """The examples for compare.py, built in headhunt's environment: needle trials
 (heads/inputs/needles.py) and the RULER-like set (heads/inputs/ruler.py) from the bundled essays, split into
 context and question token ids (kvpress's pipeline prefills the context under the press, then
-answers the question by greedy decoding).
+answers the question by greedy decoding). Each row carries the tokens to decode, as kvpress's
+own datasets do per task: 12 for a needle or one key (at most 8 answer tokens for SmolLM2),
+48 for the four 6-digit values of mv_niah (42 tokens as a numbered list).
 
     .venv/bin/python benchmarks/kvpress/make_examples.py --model smollm2-135m --length 4096 \
-        --needles 10 --tasks 2 --out benchmarks/kvpress/examples_smollm2_4k.jsonl
+        --needles 150 --tasks 30 --out benchmarks/kvpress/examples_smollm2_4k.jsonl
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from headhunt.heads.inputs.needles import NEEDLES, read_haystack
 from headhunt.heads.inputs.ruler import build_ruler, from_needles
 from headhunt.heads.retrieval import FRESH_SEED_OFFSET, RetrievalConfig, build_trials
 from headhunt.probes.hooked import load_model
+
+MAX_NEW_TOKENS = {"mv_niah": 48}  # every other task: 12
 
 
 def split_question(tokenizer, ids: list[int]) -> int:
@@ -34,6 +38,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--needles", type=int, default=10, help="needle trials")
     p.add_argument("--tasks", type=int, default=2, help="trials per RULER-like task")
+    p.add_argument("--keep", default="needle,mk_niah,mv_niah", help="tasks written")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -52,6 +57,8 @@ def main() -> None:
     trials = needles[: a.needles] + build_ruler(
         tok, read_haystack(None), [a.length], repeats=a.tasks, seed=a.seed
     )
+    keep = set(a.keep.split(","))
+    trials = [t for t in trials if t.task in keep]
     with open(a.out, "w") as f:
         for t in trials:
             cut = split_question(tok, t.input_ids)
@@ -62,6 +69,7 @@ def main() -> None:
                 "context_ids": t.input_ids[:cut],
                 "question_ids": t.input_ids[cut:],
                 "answers": t.answers,
+                "max_new_tokens": MAX_NEW_TOKENS.get(t.task, 12),
             }
             f.write(json.dumps(row) + "\n")
     print(f"{len(trials)} examples -> {a.out}")

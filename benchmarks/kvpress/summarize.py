@@ -1,6 +1,11 @@
 """Score compare.py's responses in headhunt's environment (the scorers of heads/inputs/ruler.py:
 needles by ROUGE-1 recall of the answer, RULER-like tasks by the share of answers found) and
-write the table (CSV and Markdown) and a plotly figure.
+write the table (CSV and Markdown) and a plotly figure. Every change is paired on the same
+examples: against the uncompressed cache and against headhunt's best entry at that ratio and task
+group (the ``hh_`` press of the highest mean there: chosen after the fact, so its margin over the
+others is an upper estimate), each with its SE. Rows compare.py marks ``timing`` (each press
+timed alone after the queued runs) give the prefill / decode medians; without them the medians
+come from all rows.
 
     .venv/bin/python benchmarks/kvpress/summarize.py --results R.jsonl --examples E.jsonl \
         --out benchmarks/results/kvpress_h100/summary
@@ -30,7 +35,10 @@ NAMES = {
     "hh_lukv": "headhunt LU-KV curve",
     "hh_adakv": "headhunt AdaKV weights",
     "hh_budget": "headhunt HeadBudgetPress",
+    "hh_spread": "headhunt spread budgets (ExpectedAttention)",
+    "hh_spread_recent": "headhunt spread budgets (recent)",
 }
+HEAD_AWARE = ("duo_fly", "adakv", "criticalkv")  # the issue's bar: >= 2 points above these
 
 
 def scored(results: Path, examples: Path) -> pd.DataFrame:
@@ -40,6 +48,8 @@ def scored(results: Path, examples: Path) -> pd.DataFrame:
         ex[r["id"]] = TaskTrial(r["id"], r["task"], r["length"], [], r["answers"])
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     df = pd.DataFrame([r for r in rows if "error" not in r])
+    if "timing" not in df:
+        df["timing"] = None
     df["task"] = [ex[i].task for i in df["id"]]
     df["group"] = np.where(df["task"] == "needle", "needle", "ruler")
     df["score"] = [
@@ -47,18 +57,44 @@ def scored(results: Path, examples: Path) -> pd.DataFrame:
     ]
     # against the full cache of the same example (scorer presses shrink the cache itself;
     # head-wise ones mask entries in a full-size cache)
-    full = df[df["press"] == "none"].set_index("id")["held"]
+    full = df[(df["press"] == "none") & df["timing"].isna()].set_index("id")["held"]
     df["removed"] = 1 - df["kept"] / full.loc[df["id"]].to_numpy()
     df["held_share"] = df["held"] / full.loc[df["id"]].to_numpy()
     errors = pd.DataFrame([r for r in rows if "error" in r])
     return df, errors
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def paired(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
+    """Mean and SE of a - b over the examples both hold."""
+    ids = a.index.intersection(b.index)
+    d = a.loc[ids].to_numpy() - b.loc[ids].to_numpy()
+    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.nan
+    return (d.mean() if len(d) else np.nan), se, len(d)
+
+
+def best_entries(df: pd.DataFrame) -> dict:
+    """(ratio, group) -> headhunt's press of the highest mean score there."""
+    hh = df[df["press"].str.startswith("hh_")]
+    means = hh.groupby(["ratio", "group", "press"])["score"].mean()
+    return {k: g.idxmax()[2] for k, g in means.groupby(level=[0, 1])}
+
+
+def summarize(df: pd.DataFrame, entry_bytes: int) -> pd.DataFrame:
+    timed = df[df["timing"] == True]  # noqa: E712 (None / True / "warm-up")
+    df = df[df["timing"].isna()]
     base = df[df["press"] == "none"].set_index(["id"])["score"]
+    best = best_entries(df)
     out = []
     for (press, ratio, group), g in df.groupby(["press", "ratio", "group"], sort=False):
         d = g["score"].to_numpy() - base.loc[g["id"]].to_numpy()
+        t = timed[timed["press"] == press] if len(timed) else g
+        t = t if len(t) else g
+        entry = best.get((ratio, group))
+        if entry is not None and press != "none":
+            other = df[(df["press"] == entry) & (df["ratio"] == ratio) & (df["group"] == group)]
+            vs = paired(other.set_index("id")["score"], g.set_index("id")["score"])
+        else:
+            vs = (np.nan, np.nan, 0)
         out.append(
             {
                 "press": press,
@@ -75,9 +111,15 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                 if g["reported_ratio"].notna().any()
                 else np.nan,
                 "kept_entries": g["kept"].mean(),
+                "kv_mib_kept": g["kept"].mean() * entry_bytes / 2**20,
                 "held_share": g["held_share"].mean(),
-                "prefill_ms": 1000 * g["prefill_s"].median(),
-                "decode_ms": 1000 * g["decode_s"].median(),
+                "best_hh": entry,
+                "best_hh_minus_this": vs[0],
+                "best_hh_minus_this_se": vs[1],
+                "best_hh_pairs": vs[2],
+                "prefill_ms": 1000 * t["prefill_s"].median(),
+                "decode_ms": 1000 * t["decode_s"].median(),
+                "timed_alone": bool(len(timed)),
             }
         )
     return pd.DataFrame(out)
@@ -105,6 +147,44 @@ def markdown(summary: pd.DataFrame, group: str) -> str:
                 f"removed {row['measured_removed']:.3f}"
             )
         lines.append(f"| {NAMES.get(press, press)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_markdown(summary: pd.DataFrame, ratios=(0.5, 0.75)) -> str:
+    """Per press at the bar's ratios: change vs the full cache and headhunt's best entry minus
+    the press (paired, SE), per task group."""
+    lines = [
+        "| press | " + " | ".join(f"{g} {r:g}" for r in ratios for g in ("needle", "ruler")) + " |",
+        "| --- |" + " --- |" * (2 * len(ratios)),
+    ]
+    s = summary[summary["press"] != "none"]
+    for press in dict.fromkeys(s["press"]):
+        cells = []
+        for r in ratios:
+            for g in ("needle", "ruler"):
+                row = s[(s["press"] == press) & (s["ratio"] == r) & (s["group"] == g)]
+                if not len(row):
+                    cells.append("")
+                    continue
+                x = row.iloc[0]
+                best = (
+                    "best"
+                    if x["best_hh"] == press
+                    else f"{x['best_hh_minus_this']:+.1f} ({x['best_hh_minus_this_se']:.1f})"
+                )
+                cells.append(f"{x['change']:+.1f} ({x['change_se']:.1f}); {best}")
+        lines.append(f"| {NAMES.get(press, press)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def timing_markdown(summary: pd.DataFrame) -> str:
+    s = summary[(summary["ratio"].isin([0.0, 0.5])) & (summary["group"] == "needle")]
+    lines = ["| press | KV MiB kept (0.5) | prefill ms | decode ms |", "| --- | --- | --- | --- |"]
+    for x in s.itertuples():
+        lines.append(
+            f"| {NAMES.get(x.press, x.press)} | {x.kv_mib_kept:.1f} | {x.prefill_ms:.0f} | "
+            f"{x.decode_ms:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -145,13 +225,19 @@ def main() -> None:
     p.add_argument("--examples", required=True)
     p.add_argument("--title", default="kvpress presses and headhunt's head data")
     p.add_argument("--out", required=True, help="path prefix for .csv, .md, .html")
+    p.add_argument(
+        "--entry-bytes", type=int, default=256, help="bytes of one KV entry (2 x head_dim x 2)"
+    )
     a = p.parse_args()
     df, errors = scored(Path(a.results), Path(a.examples))
-    summary = summarize(df)
+    summary = summarize(df, a.entry_bytes)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out.with_suffix(".csv"), index=False)
     text = "\n\n".join(f"{g}:\n\n{markdown(summary, g)}" for g in ("needle", "ruler"))
+    text += "\n\npaired change vs no compression; best headhunt entry minus the press:\n\n"
+    text += paired_markdown(summary)
+    text += "\n\nKV kept and time (median per example):\n\n" + timing_markdown(summary)
     if len(errors):
         text += "\n\nerrors:\n" + "\n".join(
             f"- {r.press} {r.ratio}: {r.error}" for r in errors.itertuples()

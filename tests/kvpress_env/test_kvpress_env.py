@@ -129,3 +129,51 @@ def test_head_budget_press_keeps_its_share_and_the_best_heads_whole(model):
     assert masked_per_head(model, 0)[0] < masked_per_head(model, 0)[1]
     with pytest.raises(ValueError, match="3 layers x 2 KV heads; the model has 2 x 2"):
         prefill(model, HeadBudgetPress(head_scores=np.ones((3, 2)), compression_ratio=0.5))
+
+
+def test_outside_mass_of_planted_rows():
+    from headhunt.kvpress_press import outside_mass
+
+    n, sink, window = 10, 2, 3
+    w = torch.zeros(1, 2, n, n)
+    for i in range(n):
+        w[0, 0, i, i] = 1.0  # head 0: all on itself (inside the window)
+        w[0, 1, i, 0] = 0.5  # head 1: half on the sink, ...
+        w[0, 1, i, max(0, i - window)] += 0.5  # ... half on the first key outside the window
+    got = outside_mass(w, sink, window)
+    # rows 5..9 count; row p puts 0.5 on key p - 3 >= 2: outside sink and window
+    assert got.tolist() == pytest.approx([0.0, 0.5])
+    tail = outside_mass(w[:, :, -4:], sink, window)  # queries aligned to the last keys
+    assert tail.tolist() == pytest.approx([0.0, 0.5])
+    with pytest.raises(ValueError, match="no row beyond"):
+        outside_mass(w[..., :4, :4], sink, window)
+
+
+def test_attention_spread_matches_the_eager_matrix(model):
+    from headhunt.kvpress_press import attention_spread, outside_mass
+
+    ids = torch.randint(0, 100, (1, 48), generator=torch.Generator().manual_seed(2))
+    got = attention_spread(model, [ids[0].tolist()], sink=2, window=8)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model.model(input_ids=ids, output_attentions=True)
+    model.set_attn_implementation("sdpa")
+    want = np.stack([outside_mass(a, 2, 8).numpy() for a in out.attentions])
+    assert got.shape == (LAYERS, HEADS)
+    assert got == pytest.approx(want, abs=1e-6)
+    assert (got > 0).all() and (got < 1).all()
+
+
+def test_recency_press_keeps_the_most_recent_tokens_per_head_budget(model):
+    from headhunt.kvpress_press import HeadBudgetPress, RecencyPress
+
+    kv = np.array([[1.0, 0.0], [0.0, 0.0]])
+    press = HeadBudgetPress(
+        head_scores=kv, press=RecencyPress(), compression_ratio=0.5, sink=2, window=4
+    )
+    prefill(model, press)
+    masked = model.model.layers[1].self_attn.masked_key_indices
+    dropped = sorted(masked[2][masked[1] == 0].tolist())
+    # head (0, 0) keeps all; the three others a third each: the sink and the newest tokens
+    assert dropped == list(range(2, 2 + len(dropped)))
+    assert len(dropped) == TOKENS - round(TOKENS * press.shares()[1, 0]) == 85
