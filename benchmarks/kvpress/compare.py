@@ -313,6 +313,8 @@ def run_condition(pipe, model, name, ratio, examples, data, a, f, **extra) -> No
 
 def worker(index: int, a, tasks, deadline: float, part: str) -> None:
     torch.set_num_threads(1)
+    if torch.cuda.is_available():  # one worker's runaway allocation must not starve the others
+        torch.cuda.set_per_process_memory_fraction(a.memory_fraction)
     model, _, pipe = load(a.model)
     data = loaded(Path(a.out).parent / "head_data")
     examples = read_examples(a)
@@ -497,7 +499,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=20, help="unless an example sets it")
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--chunk", type=int, default=15, help="examples per queued task")
+    p.add_argument("--chunk", type=int, default=10, help="examples per queued task")
+    p.add_argument("--memory-fraction", type=float, default=0.12, help="of the GPU, per worker")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds for the conditions")
     p.add_argument("--time-examples", type=int, default=0, help="then time each press alone")
     p.add_argument("--time-budget", type=float, default=60, help="seconds for the timing")

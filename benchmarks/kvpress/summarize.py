@@ -87,8 +87,9 @@ def summarize(df: pd.DataFrame, entry_bytes: int) -> pd.DataFrame:
     out = []
     for (press, ratio, group), g in df.groupby(["press", "ratio", "group"], sort=False):
         d = g["score"].to_numpy() - base.loc[g["id"]].to_numpy()
-        t = timed[timed["press"] == press] if len(timed) else g
-        t = t if len(t) else g
+        t = timed[timed["press"] == press]
+        alone = bool(len(t))
+        t = t if alone else g
         entry = best.get((ratio, group))
         if entry is not None and press != "none":
             other = df[(df["press"] == entry) & (df["ratio"] == ratio) & (df["group"] == group)]
@@ -119,7 +120,7 @@ def summarize(df: pd.DataFrame, entry_bytes: int) -> pd.DataFrame:
                 "best_hh_pairs": vs[2],
                 "prefill_ms": 1000 * t["prefill_s"].median(),
                 "decode_ms": 1000 * t["decode_s"].median(),
-                "timed_alone": bool(len(timed)),
+                "timed_alone": alone,
             }
         )
     return pd.DataFrame(out)
@@ -179,11 +180,15 @@ def paired_markdown(summary: pd.DataFrame, ratios=(0.5, 0.75)) -> str:
 
 def timing_markdown(summary: pd.DataFrame) -> str:
     s = summary[(summary["ratio"].isin([0.0, 0.5])) & (summary["group"] == "needle")]
-    lines = ["| press | KV MiB kept (0.5) | prefill ms | decode ms |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| press | KV MiB kept (0.5) | prefill ms | decode ms | timed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for x in s.itertuples():
+        how = "alone" if x.timed_alone else "sharing the GPU with the other workers"
         lines.append(
             f"| {NAMES.get(x.press, x.press)} | {x.kv_mib_kept:.1f} | {x.prefill_ms:.0f} | "
-            f"{x.decode_ms:.0f} |"
+            f"{x.decode_ms:.0f} | {how} |"
         )
     return "\n".join(lines)
 
@@ -197,6 +202,9 @@ def figure(summary: pd.DataFrame, title: str):
     for col, grp in enumerate(groups, start=1):
         for i, press in enumerate(dict.fromkeys(summary["press"])):
             s = summary[(summary["group"] == grp) & (summary["press"] == press)]
+            full = summary[(summary["group"] == grp) & (summary["press"] == "none")]
+            # at ratio 0 every press keeps the whole cache: its line starts at the full cache
+            s = pd.concat([full, s]) if press != "none" else s
             s = s.sort_values("measured_removed")
             fig.add_trace(
                 go.Scatter(
