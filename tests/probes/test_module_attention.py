@@ -60,3 +60,24 @@ def test_rounded_alibi_is_refused_in_one_line(family, overrides, dtype, words):
         HookedModel(model=model, tokenizer=None, name=family)
     assert "\n" not in str(err.value)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["gpt_neo", "mpt", "bloom", "falcon", "gpt_neox_japanese"])
+def test_a_copy_routes_its_own_modules(family):
+    # The routed methods are bound to their module: a deep copy (as prune-eval makes) computes
+    # with its own weights. Zeroing the copy's attention output projections must move its
+    # logits, and only its.
+    model = tiny_causal_lm(family, **OVERRIDES.get(family, {}))
+    hooked = HookedModel(model=model, tokenizer=None, name=family)
+    twin = copy.deepcopy(hooked.model)
+    for module in twin.modules():
+        if getattr(module, "headhunt_adapted", False):
+            for name in ("out_proj", "dense"):
+                if isinstance(getattr(module, name, None), torch.nn.Linear):
+                    torch.nn.init.zeros_(getattr(module, name).weight)
+    ids = torch.randint(3, 64, (1, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+        moved = (twin(ids).logits - want).abs().max()
+        again = (model(ids).logits - want).abs().max()
+    assert moved > 1e-3 and again == 0
