@@ -41,17 +41,22 @@ def tiny(device):
     return m
 
 
-@pytest.fixture(scope="session")
-def smol(device):
-    """The embedded SmolLM2-135M (loaded once per session; cached as safetensors after the first load)."""
+def _real_model(name: str, device, what: str):
+    """A registry model, or a skip outside CI when its wheel is missing (CI must have it)."""
     from headhunt.probes import load_model
 
     try:
-        return load_model("smollm2-135m", device=device)
+        return load_model(name, device=device)
     except Exception as e:  # pragma: no cover - only when the model wheel is missing
         if os.environ.get("CI"):
             raise
-        pytest.skip(f"embedded model unavailable: {e}")
+        pytest.skip(f"{what} unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def smol(device):
+    """The embedded SmolLM2-135M (loaded once per session; cached as safetensors after the first load)."""
+    return _real_model("smollm2-135m", device, "embedded model")
 
 
 @pytest.fixture(scope="session")
@@ -59,14 +64,7 @@ def gemma(device):
     """Gemma 3 270M, the second real model: a sliding-window family (512-token local layers,
     global layers 5, 11, 17). Loaded once per session; its first load joins the chunked GGUF
     and converts it (about two minutes on the 2-core CPU), later loads read the cache."""
-    from headhunt.probes import load_model
-
-    try:
-        return load_model("gemma3-270m", device=device)
-    except Exception as e:  # pragma: no cover - only when the model wheels are missing
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"Gemma 3 270M unavailable: {e}")
+    return _real_model("gemma3-270m", device, "Gemma 3 270M")
 
 
 @pytest.fixture(scope="session")

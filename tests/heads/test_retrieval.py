@@ -79,21 +79,27 @@ def force_copy_output(model, prompts, spans, eos):
     return model.model.lm_head.register_forward_hook(hook)
 
 
-def test_planted_copy_head_ranks_first():
-    # Word answers (the word tokenizer decodes digits with spaces between them).
-    tok = word_tokenizer(MAGIC)
-    model = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=4, max_context=1024, tokenizer=tok)
+def planted_copy_trials(model, planted: tuple[int, int]) -> list[dict]:
+    """Needle trials (magic numbers, 160 tokens) run with head ``planted`` made a perfect copy
+    head and the model forced to emit the answer (the planted ground truth)."""
     config = RetrievalConfig(lengths=[160], depths=[20, 60], needles=["magic"], max_new_tokens=10)
     trials = build_trials(model, config)
     prompts = [t.input_ids for t in trials]
     spans = [t.span for t in trials]
-    hook = PlantedCopy(*PLANTED, spans, len(prompts[0]))
+    hook = PlantedCopy(*planted, spans, len(prompts[0]))
     handle = force_copy_output(model, prompts, spans, model.tokenizer.eos_token_id)
     try:
-        with model.hooks(hook, layers=[PLANTED[0]]):
-            records = run_needle_trials(model, trials, config, progress=False)
+        with model.hooks(hook, layers=[planted[0]]):
+            return run_needle_trials(model, trials, config, progress=False)
     finally:
         handle.remove()
+
+
+def test_planted_copy_head_ranks_first():
+    # Word answers (the word tokenizer decodes digits with spaces between them).
+    tok = word_tokenizer(MAGIC)
+    model = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=4, max_context=1024, tokenizer=tok)
+    records = planted_copy_trials(model, PLANTED)
     assert all(r["counted"] for r in records), [r["response"] for r in records]
     scores = aggregate(records, model)
     top = scores.top("retrieval_score", 2)
@@ -103,7 +109,7 @@ def test_planted_copy_head_ranks_first():
     others = np.delete(mat.ravel(), PLANTED[0] * model.n_heads + PLANTED[1])
     assert others.max() < 0.1
     ref = reference_json(records, model.n_layers, model.n_heads)
-    assert len(ref) == 8 and ref["1-2"] == [pytest.approx(1.0)] * len(trials)
+    assert len(ref) == 8 and ref["1-2"] == [pytest.approx(1.0)] * len(records)
 
 
 @pytest.mark.parametrize("many_layer", [False, True])
@@ -251,17 +257,7 @@ def test_planted_copy_head_of_a_hybrid_is_found_in_its_attention_layer():
     model = HookedModel(model=hf, tokenizer=tok, name="tiny-lfm2-hybrid")
     assert model.attention_layers == [1, 3]
     planted = (3, 1)
-    config = RetrievalConfig(lengths=[160], depths=[20, 60], needles=["magic"], max_new_tokens=10)
-    trials = build_trials(model, config)
-    prompts = [t.input_ids for t in trials]
-    spans = [t.span for t in trials]
-    hook = PlantedCopy(*planted, spans, len(prompts[0]))
-    handle = force_copy_output(model, prompts, spans, model.tokenizer.eos_token_id)
-    try:
-        with model.hooks(hook, layers=[planted[0]]):
-            records = run_needle_trials(model, trials, config, progress=False)
-    finally:
-        handle.remove()
+    records = planted_copy_trials(model, planted)
     assert all(r["counted"] for r in records)
     scores = aggregate(records, model)
     top = scores.top("retrieval_score", 1)
