@@ -356,9 +356,11 @@ def compare(a) -> None:
     }
     (out.parent / (out.stem + "_meta.json")).write_text(json.dumps(meta, indent=2))
     # the ratios the bar is set at first: a run cut short still has them; within a
-    # ratio the slowest press first, so the workers finish together
+    # ratio the presses the bar compares (KVzip, the slowest, first; then the head-aware ones
+    # and headhunt's), then the plain scorers
     order = sorted(a.ratios, key=lambda r: (r not in (0.5, 0.75), r))
-    slow = sorted(presses, key=lambda p: p != "kvzip")
+    bar = ("kvzip", "adakv", "criticalkv", *HEAD_PRESSES)
+    slow = sorted(presses, key=lambda p: bar.index(p) if p in bar else len(bar))
     conds = [("none", 0.0)] + [(p, r) for r in order for p in slow]
     chunk = a.chunk
     tasks = [(n, r, lo, lo + chunk) for n, r in conds for lo in range(0, len(examples), chunk)]
