@@ -139,16 +139,19 @@ class TaskCapture(AttentionHook):
 
 
 class OutputSum(AttentionHook):
-    """Sum and count of every head's output (before o_proj) over all positions: the mean a
-    mean ablation puts in its place."""
+    """Sum and count of every head's output (before o_proj) over all positions, and its value
+    at the first position: the means a mean ablation puts in its place (over every position,
+    or over every position but the first)."""
 
     def __init__(self):
         self.total: dict[int, Tensor] = {}
+        self.first: dict[int, Tensor] = {}
         self.count = 0
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
-        s = output[0].detach().float().sum(0).cpu()  # [hq, d]
-        self.total[call.layer] = self.total.get(call.layer, 0) + s
+        out = output[0].detach().float()
+        self.total[call.layer] = self.total.get(call.layer, 0) + out.sum(0).cpu()  # [hq, d]
+        self.first[call.layer] = self.first.get(call.layer, 0) + out[0].cpu()
         if call.layer == 0:
             self.count += output.shape[1]
         return output

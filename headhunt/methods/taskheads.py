@@ -28,7 +28,7 @@ DETECTOR_METRICS = {"copy": "copy_score", "query": "query_focus", "write": "writ
 class TaskHeadsConfig(MethodConfig):
     """A taskheads run: the examples, how they split, and the causal check's grid."""
 
-    task: str = option("multidoc", "bundled task", choices=("multidoc", "kv", "needle"))
+    task: str = option("multidoc", "bundled task", choices=("multidoc", "multidoc-hard", "kv", "needle"))
     input: str | None = option(None, "a JSONL of your examples (replaces --task)", type=str)
     examples: int = option(24, "bundled examples", min=2, limit=100_000)
     score_examples: int = option(
@@ -37,12 +37,16 @@ class TaskHeadsConfig(MethodConfig):
     docs: int = option(6, "documents per bundled example (key-value pairs for kv)", min=1)
     doc_words: int = option(60, "words per bundled document (needle: x --docs)", min=10)
     ks: list[int] = option([1, 2, 4, 8, 16, 32, 64], "top-k heads ablated", min=1)
-    modes: list[str] = option(["mean", "zero"], "ablations", choices=("mean", "zero"))
+    modes: list[str] = option(
+        ["mean", "zero"], "ablations (mean-keep-first: a mean ablation that keeps the first "
+        "position, the attention sink)", choices=("mean", "mean-keep-first", "zero"),
+    )  # fmt: skip
     detectors: list[str] = option(
         ["copy", "query", "write"], "detectors checked", choices=("copy", "query", "write")
     )
     random_draws: int = option(3, "random head sets per k", min=0)
     retriever_heads: int = option(16, "top query-focus heads of the retriever", min=1)
+    batch_size: int = option(1, "evaluation sequences per forward in the causal check", min=1)
     specificity: bool = option(
         True, "skip the closed-book specificity control", flag="--no-specificity"
     )
@@ -191,6 +195,7 @@ def _score_examples(model, config: TaskHeadsConfig, ctx, encoded) -> None:
         rec = {"index": i, "split": "score" if scoring else "eval", **res.to_record()}
         if scoring:
             rec["out_sum"] = [sums.total[la].tolist() for la in range(model.n_layers)]
+            rec["out_first"] = [sums.first[la].tolist() for la in range(model.n_layers)]
             rec["out_count"] = sums.count
         ctx.append(EXAMPLES, rec)
 
@@ -217,8 +222,13 @@ class Plan:
         self.matrices = head_matrices(score)
         scoring = [r for r in records if r["split"] == "score"]
         count = sum(r["out_count"] for r in scoring)
-        total = np.sum([np.asarray(r["out_sum"]) for r in scoring], 0) / count
-        self.means = {la: torch.tensor(total[la], dtype=torch.float32) for la in range(len(total))}
+        total = np.sum([np.asarray(r["out_sum"]) for r in scoring], 0)
+        first = np.sum([np.asarray(r["out_first"]) for r in scoring], 0)
+        rest = (total - first) / (count - len(scoring))  # every position but the first
+        self.means = {
+            mode: {la: torch.tensor(m[la], dtype=torch.float32) for la in range(len(m))}
+            for mode, m in (("mean", total / count), ("mean-keep-first", rest))
+        }
         n_total = model.n_layers * model.n_heads
         self.ks = [k for k in config.ks if k <= n_total]
         self.top = {d: top_heads(self.matrices[DETECTOR_METRICS[d]], max(self.ks, default=1))
@@ -241,17 +251,19 @@ class Plan:
         closed = []
         if self.config.specificity:
             book = [(p + a, len(p)) for p, a in closed_book_ids(self.model.tokenizer)]
-            closed = [b for b, ok in zip(book, answers_right(self.model, book), strict=True) if ok]
+            right = answers_right(self.model, book, batch_size=self.config.batch_size)
+            closed = [b for b, ok in zip(book, right, strict=True) if ok]
         done = ctx.done(CONDITIONS, key=lambda r: r["name"])
         share = ctx.todo(list(self.conditions))
         todo = [n for n in share if n not in done]
+        bs = self.config.batch_size
         for name in ctx.units(todo, "ablation", done_before=len(share) - len(todo)):
             c = self.conditions[name]
             hooks = ablation(c["heads"], c["mode"], self.means)
             ctx.append(CONDITIONS, {
                 "name": name, "mode": c["mode"], "heads": c["heads"],
-                "correct": answers_right(self.model, evals, hooks),
-                "closed_book": answers_right(self.model, closed, hooks),
+                "correct": answers_right(self.model, evals, hooks, bs),
+                "closed_book": answers_right(self.model, closed, hooks, bs),
             })  # fmt: skip
 
     def finish(self, ctx, conditions):

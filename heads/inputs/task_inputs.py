@@ -30,7 +30,7 @@ from headhunt.errors import HeadhuntError
 
 INSTRUCTION = "Read the documents and answer the question."
 NULL_QUESTION = "N/A"  # QRHead's null query
-TASKS = ("multidoc", "kv", "needle")
+TASKS = ("multidoc", "multidoc-hard", "kv", "needle")
 _DOCS = "\u2063DOCS\u2063"
 _QUESTION = "\u2063QUESTION\u2063"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -310,6 +310,59 @@ def multidoc(n: int, docs: int, words: int, seed: int, haystack: str) -> list[Ex
     return out
 
 
+# How the hard set asks for each attribute: no word of the attribute's name, so a lexical
+# retriever sees only the person's name, which a distractor document shares.
+PARAPHRASES = {
+    "home city": "Where does {p} live?",
+    "favourite city": "Which place does {p} like best?",
+}
+
+
+def multidoc_hard(n: int, docs: int, words: int, seed: int, haystack: str) -> list[Example]:
+    """Multi-document QA that word overlap does not solve: the question is a paraphrase with no
+    word of the attribute's name ("Where does Bea Quill live?" for the home city), and the
+    distractors share words with it. One document states the asked person's other attribute
+    (the same full name: a lexical tie with the evidence), one each a person with the same
+    first name and one with the same surname (the asked attribute, another city), the rest
+    other people; all cities differ from the answer. The lead is the fact's start ("The home
+    city of Bea Quill is"), so the answer is a copy once the right document is found."""
+    if docs < 2:
+        raise HeadhuntError("multidoc-hard needs --docs 2 or more")
+    sents = _sentences(haystack)
+    out = []
+    for i in range(n):
+        rng = random.Random(f"multidoc-hard/{seed}/{i}")
+        attr = rng.choice(sorted(ATTRIBUTES))
+        other_attr = next(a for a in sorted(ATTRIBUTES) if a != attr)
+        first, last = rng.choice(FIRST), rng.choice(LAST)
+        person = f"{first} {last}"
+        answer = rng.choice(ATTRIBUTES[attr])
+        others = [v for v in ATTRIBUTES[attr] if v != answer]
+        facts = [(attr, person, answer), (other_attr, person, rng.choice(ATTRIBUTES[other_attr]))]
+        namesakes = [f"{first} {rng.choice([x for x in LAST if x != last])}",
+                     f"{rng.choice([x for x in FIRST if x != first])} {last}"]  # fmt: skip
+        facts += [(attr, p, rng.choice(others)) for p in namesakes]
+        strangers = [f"{f} {s}" for f in FIRST for s in LAST if f != first and s != last]
+        for p in rng.sample(strangers, max(0, docs - len(facts))):
+            a = rng.choice(sorted(ATTRIBUTES))
+            facts.append((a, p, rng.choice([v for v in ATTRIBUTES[a] if v != answer])))
+        facts = facts[:docs]
+        rng.shuffle(facts)
+        texts = [_insert(_paragraph(sents, words, rng), f"The {a} of {p} is {v}.", rng)
+                 for a, p, v in facts]  # fmt: skip
+        out.append(
+            Example(
+                id=f"multidoc-hard-{i}",
+                documents=texts,
+                question=PARAPHRASES[attr].format(p=person),
+                answer=answer,
+                evidence=[facts.index((attr, person, answer))],
+                lead=f"The {attr} of {person} is",
+            )
+        )
+    return out
+
+
 def key_value(n: int, pairs: int, seed: int) -> list[Example]:
     """Key-value retrieval (Liu et al. 2023, Lost in the Middle): a JSON object of random
     hexadecimal keys and values, one pair per document; the question gives a key."""
@@ -359,6 +412,8 @@ def bundled(task: str, n: int, docs: int, words: int, seed: int) -> list[Example
 
     if task == "multidoc":
         return multidoc(n, docs, words, seed, default_haystack_text())
+    if task == "multidoc-hard":
+        return multidoc_hard(n, docs, words, seed, default_haystack_text())
     if task == "kv":
         return key_value(n, docs, seed)
     if task == "needle":

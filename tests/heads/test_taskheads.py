@@ -105,11 +105,56 @@ def test_ablating_the_copier_collapses_the_task_and_others_do_not(planted):
 
     m, encoded = planted
     seqs = [(e.ids, e.answer_start) for e in encoded]
-    means = {la: torch.zeros(4, 32) for la in range(2)}
+    zeros = {la: torch.zeros(4, 32) for la in range(2)}
+    means = {"mean": zeros, "mean-keep-first": zeros}
     assert all(answers_right(m, seqs))
-    for mode in ("zero", "mean"):
+    for mode in ("zero", "mean", "mean-keep-first"):
         assert not any(answers_right(m, seqs, ablation([COPIER], mode, means)))
         assert all(answers_right(m, seqs, ablation([READER, (0, 0), (1, 3)], mode, means)))
+
+
+def test_batched_answers_equal_one_at_a_time(planted):
+    """Right-padded batches give each sequence's own verdict (causal: padding is never seen),
+    for sequences of different lengths, with and without an ablation."""
+    from headhunt.heads.evaluations.task_ablation import ablation
+
+    m, encoded = planted
+    seqs = [(e.ids, e.answer_start) for e in encoded]
+    seqs += [(e.ids[:-1] + [e.ids[0]], e.answer_start) for e in encoded[:3]]  # wrong answers
+    assert len({len(s) for s, _ in seqs}) > 1
+    hooks = ablation([COPIER], "zero", {})
+    for h in ([], hooks):
+        one = answers_right(m, seqs, h)
+        assert answers_right(m, seqs, h, batch_size=4) == one
+    assert answers_right(m, seqs, batch_size=4) == [True] * len(encoded) + [False] * 3
+
+
+def test_mean_keep_first_keeps_the_first_position():
+    from headhunt.heads.evaluations.task_ablation import MeanAblation
+
+    hook = MeanAblation([(0, 1)], {0: torch.full((2, 3), 5.0)}, start=1)
+    out = torch.zeros(2, 4, 2, 3)
+    call = type("Call", (), {"layer": 0})()
+    got = hook.after(call, out)
+    assert (got[:, 0] == 0).all() and (got[:, 1:, 1] == 5).all() and (got[:, 1:, 0] == 0).all()
+
+
+def test_hard_multidoc_defeats_word_overlap():
+    """The paraphrased question shares no attribute word with the evidence, and a distractor
+    with the same full name ties it lexically: BM25 cannot be perfect."""
+    from headhunt.heads.inputs.needles import default_haystack_text
+    from headhunt.heads.inputs.task_inputs import PARAPHRASES, multidoc_hard
+
+    examples = multidoc_hard(40, 12, 20, 0, default_haystack_text())
+    hits = []
+    for ex in examples:
+        assert len(ex.documents) == 12 and ex.lead in ex.documents[ex.evidence[0]]
+        assert sum(ex.answer in d for d in ex.documents) == 1
+        name = ex.lead.split(" of ", 1)[1].removesuffix(" is")
+        assert sum(f"of {name} is" in d for d in ex.documents) == 2  # the evidence and its twin
+        assert ex.question in {q.format(p=name) for q in PARAPHRASES.values()}
+        hits.append(int(np.argmax(T.bm25_scores(ex.documents, ex.question))) == ex.evidence[0])
+    assert 0.2 < np.mean(hits) < 0.8
 
 
 class DenseRows(AttentionHook):
