@@ -250,7 +250,7 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     data = tmp_path / "task.jsonl"
     data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
     cfg = {"input": str(data), "score_examples": 3, "ks": [1, 2, 8], "random_draws": 2,
-           "modes": ["zero", "mean"]}  # fmt: skip
+           "modes": ["zero", "mean", "mean-keep-first"], "batch_size": 4}  # fmt: skip
     run = hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
     import pandas as pd
 
