@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 26's causal check and retriever on both real models, on one lent GPU, in calls that
-# follow each other at once (the two GGUFs travel as one byte stream cut into seven parts of
-# 53 MB, SmolLM2's file first, then Gemma's; the machine keeps /tmp between calls):
+# follow each other at once (the machine keeps /tmp between calls). SmolLM2's GGUF travels as
+# part.aa + part.ab (the first 98,362,432 bytes of a stream cut into 53 MB parts), Gemma's as
+# gpart.1 ... gpart.5 with a known-good tokenizer (taskheads_gguf_fix.py says why):
 #   bash benchmarks/taskheads_gpu.sh part PART_DIR        copy one part to /tmp/m (any order)
 #   bash benchmarks/taskheads_gpu.sh start MODEL          the runs of MODEL (smol | gemma), in
 #                                                         the background, both tasks at once
@@ -11,6 +12,7 @@
 set -u
 REPO=$PWD
 SMOL_BYTES=98362432
+GEMMA_BYTES=253113024
 export PYTHONPATH=/tmp/pkg:/tmp/site HEADHUNT_CACHE=/tmp/hhcache PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=4
 mkdir -p /tmp/m /tmp/thruns
@@ -24,8 +26,6 @@ layout() {
 }
 
 assemble() {  # assemble smol | gemma: the GGUF from the parts, once they are all there
-  local parts
-  parts=$(cd /tmp/m && ls part.* 2>/dev/null | sort)
   if [ "$1" = smol ]; then
     [ -f /tmp/m/smol.gguf ] && return 0
     cat /tmp/m/part.aa /tmp/m/part.ab 2>/dev/null | head -c $SMOL_BYTES >/tmp/m/smol.tmp
@@ -33,9 +33,12 @@ assemble() {  # assemble smol | gemma: the GGUF from the parts, once they are al
     mv /tmp/m/smol.tmp /tmp/m/smol.gguf
   else
     [ -f /tmp/m/gemma.gguf ] && return 0
-    [ "$(echo "$parts" | wc -l)" = 7 ] || return 1
-    (cd /tmp/m && cat $parts | tail -c +$((SMOL_BYTES + 1)) >gemma.tmp && mv gemma.tmp gemma.gguf)
+    (cd /tmp/m && cat gpart.1 gpart.2 gpart.3 gpart.4 gpart.5 >gemma.tmp) || return 1
+    [ "$(stat -c %s /tmp/m/gemma.tmp)" = $GEMMA_BYTES ] || return 1
+    mv /tmp/m/gemma.tmp /tmp/m/gemma.gguf
   fi
+  [ "$1" = smol ] || (cd /tmp && set -o pipefail && python3 "$REPO/benchmarks/taskheads_gguf_fix.py" /tmp/m/gemma.gguf \
+    /tmp/m/gemma_tokenizer.json.xz /tmp/m/gemma_fingerprint.json 2>&1 | grep -v Convert)
 }
 
 run_task() {  # run_task MODEL TASK DOCS WORDS
@@ -51,8 +54,8 @@ run_task() {  # run_task MODEL TASK DOCS WORDS
 case "${1:-}" in
 part)
   sha=$2/SHA256SUMS
-  for f in "$2"/part.*; do cp "$f" /tmp/m/; done
-  (cd /tmp/m && grep -F "$(cd "$REPO/$2" && ls part.*)" "$REPO/$sha" | sha256sum -c -) || exit 1
+  for f in "$2"/*part.* "$2"/gemma_*; do [ -f "$f" ] && cp "$f" /tmp/m/; done
+  (cd /tmp/m && grep -F "$(cd "$REPO/$2" && ls *part.*)" "$REPO/$sha" | sha256sum -c -) || exit 1
   ls "$2"/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target /tmp/site "$2"/*.whl
   ls -la /tmp/m

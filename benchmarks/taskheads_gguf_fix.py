@@ -1,0 +1,57 @@
+"""Put a known-good tokenizer into the cached bf16 copy of Gemma 3 270M's GGUF on the GPU machine.
+
+The lent GPU machine has transformers 5.17, whose GGUF converter builds Gemma 3's tokenizer
+without its merges: "The capital of France is Paris" becomes characters and short pieces
+(['The', '▁c', 'ap', 'it', 'al', ...]) instead of the model's tokens (['The', '▁capital', ...]).
+The model then reads text it was never trained on, and every Gemma number is wrong (the first
+taskheads run there kept 0 of 24 closed-book prompts; 14 on the CPU with transformers 5.24).
+transformers 5.24 (the version CI pins) converts it correctly. This script converts the GGUF
+with the machine's transformers (the weights), then replaces the cached tokenizer.json with
+the one transformers 5.24 made from the same GGUF, and refuses to go on unless the weights
+equal 5.24's conversion (per-tensor sums, from ``--fingerprint``) and the tokenizer gives the
+expected ids.
+
+    python3 taskheads_gguf_fix.py GGUF TOKENIZER_JSON_XZ FINGERPRINT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import sys
+from pathlib import Path
+
+from headhunt.probes.hooked import load_model
+from headhunt.probes.loading import gguf_cache_folder
+
+# "The capital of France is" and " Paris" as transformers 5.24 tokenizes them for Gemma 3.
+EXPECTED = ([2, 818, 5279, 529, 7001, 563], [9079])
+
+
+def main() -> int:
+    gguf, tok_xz, fingerprint = (Path(a) for a in sys.argv[1:4])
+    load_model(str(gguf), device="cpu", dtype="bfloat16")  # converts into the cache once
+    folder = gguf_cache_folder(gguf, "bfloat16")
+    (folder / "tokenizer.json").write_bytes(lzma.decompress(tok_xz.read_bytes()))
+    from safetensors.torch import load_file
+
+    want = json.loads(fingerprint.read_text())
+    got = load_file(folder / "model.safetensors")
+    bad = [k for k, (shape, s, a) in want.items()
+           if k not in got or list(got[k].shape) != shape
+           or not math.isclose(float(got[k].double().sum()), s, rel_tol=1e-9, abs_tol=1e-6)
+           or not math.isclose(float(got[k].double().abs().sum()), a, rel_tol=1e-9)]  # fmt: skip
+    print(f"weights: {len(want) - len(bad)} of {len(want)} tensors equal transformers 5.24's")
+    from headhunt.heads.inputs.task_inputs import closed_book_ids
+
+    m = load_model(str(gguf), device="cpu", dtype="bfloat16")
+    ids = closed_book_ids(m.tokenizer)[0]
+    print("tokens:", m.tokenizer.convert_ids_to_tokens(ids[0] + ids[1]))
+    ok = not bad and tuple(ids) == EXPECTED
+    print("ok" if ok else f"REFUSED: weights differ ({bad[:3]}) or tokens {ids} != {EXPECTED}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
