@@ -28,7 +28,9 @@ DETECTOR_METRICS = {"copy": "copy_score", "query": "query_focus", "write": "writ
 class TaskHeadsConfig(MethodConfig):
     """A taskheads run: the examples, how they split, and the causal check's grid."""
 
-    task: str = option("multidoc", "bundled task", choices=("multidoc", "multidoc-hard", "kv", "needle"))
+    task: str = option(
+        "multidoc", "bundled task", choices=("multidoc", "multidoc-hard", "kv", "needle")
+    )
     input: str | None = option(None, "a JSONL of your examples (replaces --task)", type=str)
     examples: int = option(24, "bundled examples", min=2, limit=100_000)
     score_examples: int = option(

@@ -34,9 +34,7 @@ class MeanAblation(AttentionHook):
     """Replaces chosen heads' outputs by fixed means ([hq, d] per layer), at every position
     from ``start`` on (1: the first position's output is kept)."""
 
-    def __init__(
-        self, heads: Iterable[tuple[int, int]], means: dict[int, Tensor], start: int = 0
-    ):
+    def __init__(self, heads: Iterable[tuple[int, int]], means: dict[int, Tensor], start: int = 0):
         self.by_layer: dict[int, list[int]] = defaultdict(list)
         for layer, head in heads:
             self.by_layer[int(layer)].append(int(head))
