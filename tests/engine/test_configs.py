@@ -55,8 +55,8 @@ def registry_configs() -> list[type]:
     return [get(name).Config for name in METHODS]
 
 
-def test_no_field_is_declared_twice_across_the_method_configs():
-    assert copies(registry_configs()) == []
+def test_no_field_is_declared_twice_across_the_method_and_library_configs():
+    assert copies(registry_configs() + library_configs()) == []
 
 
 def test_the_duplicate_check_sees_a_planted_copy():
@@ -206,10 +206,9 @@ def origins(config: type) -> dict[str, str]:
     return out
 
 
-def library_pairs() -> dict[str, str]:
-    """Config dataclasses of the analyzer and capture layers that declare four or more of one
-    method config's fields again (a field the two inherit from one class is declared once)
-    -> the method. Method configs themselves are library configs too, and count like any."""
+def library_configs() -> list[type]:
+    """The config dataclasses of the analyzer and capture layers (``*Config`` classes of
+    ``headhunt.heads``, ``headhunt.sae`` and ``headhunt.probes``; method configs among them)."""
     import importlib
     import pkgutil
 
@@ -217,26 +216,32 @@ def library_pairs() -> dict[str, str]:
     import headhunt.probes
     import headhunt.sae
 
-    method_fields = {n: origins(get(n).Config) for n in METHODS}
-    found = {}
+    found = []
     for package in (headhunt.heads, headhunt.sae, headhunt.probes):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             module = importlib.import_module(info.name)
-            for name, obj in vars(module).items():
-                if not (
-                    isinstance(obj, type)
-                    and name.endswith("Config")
-                    and obj.__module__ == module.__name__
-                    and "__dataclass_fields__" in obj.__dict__
-                ):
-                    continue
-                own = origins(obj)
-                for method, theirs in method_fields.items():
-                    again = {
-                        n for n in own.keys() & theirs.keys() - {"seed"} if own[n] != theirs[n]
-                    }
-                    if len(again) >= 4:
-                        found[f"{obj.__module__}.{name}"] = method
+            found += [
+                obj
+                for name, obj in vars(module).items()
+                if isinstance(obj, type)
+                and name.endswith("Config")
+                and obj.__module__ == module.__name__
+                and "__dataclass_fields__" in obj.__dict__
+            ]
+    return found
+
+
+def library_pairs() -> dict[str, str]:
+    """Library configs that declare four or more of one method config's fields again (a field
+    the two inherit from one class is declared once) -> the method."""
+    method_fields = {n: origins(get(n).Config) for n in METHODS}
+    found = {}
+    for config in library_configs():
+        own = origins(config)
+        for method, theirs in method_fields.items():
+            again = {n for n in own.keys() & theirs.keys() - {"seed"} if own[n] != theirs[n]}
+            if len(again) >= 4:
+                found[f"{config.__module__}.{config.__name__}"] = method
     return found
 
 
