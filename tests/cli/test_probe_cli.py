@@ -120,97 +120,32 @@ def test_interrupted_probe_resumes_without_recapturing(folder, tmp_path, monkeyp
     assert main([*args, "--out", str(out), "--resume", "--k", "2"]) == 2
 
 
+def probe(folder: str, out, *flags: str) -> int:
+    return main(["probe", "--model", folder, *flags, "--grid", "0.1", "--out", str(out)])
+
+
 def test_mqar_needle_and_jsonl_targets(folder, tmp_path):
     assert (
-        main(
-            [
-                "probe",
-                "--model",
-                folder,
-                "--target",
-                "mqar",
-                "--texts",
-                "16",
-                "--pairs",
-                "4",
-                "--grid",
-                "0.1",
-                "--out",
-                str(tmp_path / "mqar"),
-            ]
-        )
-        == 0
+        probe(folder, tmp_path / "mqar", "--target", "mqar", "--texts", "16", "--pairs", "4") == 0
     )
     manifest = json.loads((tmp_path / "mqar" / "manifest.json").read_text())
     assert (
         manifest["target"]["n_rows"] == 64 and manifest["target"]["control_types"] == "the key word"
     )
-    assert (
-        main(
-            [
-                "probe",
-                "--model",
-                folder,
-                "--target",
-                "needle",
-                "--texts",
-                "12",
-                "--bins",
-                "2",
-                "--length",
-                "160",
-                "--grid",
-                "0.1",
-                "--drop-states",
-                "--out",
-                str(tmp_path / "needle"),
-            ]
-        )
-        == 0
-    )
+    needle = ["--target", "needle", "--texts", "12", "--bins", "2", "--length", "160"]
+    assert probe(folder, tmp_path / "needle", *needle, "--drop-states") == 0
     assert not (tmp_path / "needle" / "states").exists()
     data = tmp_path / "d.jsonl"
+    words = ["river", "lamp", "gate", "city", "park", "key", "bread", "garden",
+             "code", "word", "day", "thing"]  # fmt: skip
     data.write_text(
         "\n".join(
             json.dumps({"text": f"the {w} is red", "substring": w, "label": i % 2})
-            for i, w in enumerate(
-                [
-                    "river",
-                    "lamp",
-                    "gate",
-                    "city",
-                    "park",
-                    "key",
-                    "bread",
-                    "garden",
-                    "code",
-                    "word",
-                    "day",
-                    "thing",
-                ]
-            )
+            for i, w in enumerate(words)
         )
     )
-    assert (
-        main(
-            [
-                "probe",
-                "--model",
-                folder,
-                "--target",
-                "jsonl",
-                "--data",
-                str(data),
-                "--folds",
-                "2",
-                "--grid",
-                "0.1",
-                "--out",
-                str(tmp_path / "jsonl"),
-            ]
-        )
-        == 0
-    )
+    jsonl = ["--target", "jsonl", "--data", str(data), "--folds", "2"]
+    assert probe(folder, tmp_path / "jsonl", *jsonl) == 0
     rows = pd.read_parquet(tmp_path / "jsonl" / "rows.parquet")
     assert list(rows["label_name"][:2]) == ["0", "1"]
 
