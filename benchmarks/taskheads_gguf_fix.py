@@ -5,7 +5,8 @@ without its merges: "The capital of France is Paris" becomes characters and shor
 (['The', '▁c', 'ap', 'it', 'al', ...]) instead of the model's tokens (['The', '▁capital', ...]).
 The model then reads text it was never trained on, and every Gemma number is wrong (the first
 taskheads run there kept 0 of 24 closed-book prompts; 14 on the CPU with transformers 5.24).
-transformers 5.24 (the version CI pins) converts it correctly. This script converts the GGUF
+transformers 5.24 (the version CI pins) converts it correctly, and headhunt now refuses the
+broken one in one line (``check_gguf_tokenizer``). This script converts the GGUF
 with the machine's transformers (the weights), then replaces the cached tokenizer.json with
 the one transformers 5.24 made from the same GGUF, and refuses to go on unless the weights
 equal 5.24's conversion (per-tensor sums, from ``--fingerprint``) and the tokenizer gives the
@@ -31,7 +32,13 @@ EXPECTED = ([2, 818, 5279, 529, 7001, 563], [9079])
 
 def main() -> int:
     gguf, tok_xz, fingerprint = (Path(a) for a in sys.argv[1:4])
+    import headhunt.probes.loading as loading
+
+    # Convert for the weights only: headhunt refuses the 5.17 tokenizer (check_gguf_tokenizer),
+    # which is replaced below; the second load runs the check on the replacement.
+    check, loading.check_gguf_tokenizer = loading.check_gguf_tokenizer, lambda *a, **k: None
     load_model(str(gguf), device="cpu", dtype="bfloat16")  # converts into the cache once
+    loading.check_gguf_tokenizer = check
     folder = gguf_cache_folder(gguf, "bfloat16")
     (folder / "tokenizer.json").write_bytes(lzma.decompress(tok_xz.read_bytes()))
     from safetensors.torch import load_file

@@ -224,7 +224,9 @@ def _load_gguf(
         raise HeadhuntError(f"cannot dequantise a GGUF to {dtype}")
     folder = gguf_cache_folder(path, dtype)
     if cache and (folder / ".complete").is_file():
-        return _load_folder(folder, device_map=device_map, dtype=dtype, cached=True)
+        model, tok = _load_folder(folder, device_map=device_map, dtype=dtype, cached=True)
+        check_gguf_tokenizer(tok, path.name, cached=True)
+        return model, tok
     facts = gguf_facts(path)
     size = facts.n_parameters * _DTYPE_BYTES[dtype]
     what = f"{path.name} ({facts.name or facts.architecture}, {facts.n_parameters / 1e6:.0f}M parameters)"
@@ -251,6 +253,7 @@ def _load_gguf(
         raise HeadhuntError(
             f"transformers could not load {path.name}: {type(e).__name__}: {e}"
         ) from None
+    check_gguf_tokenizer(tok, path.name)
     if not model.config.architectures:  # TransformerBridge needs it; GGUF configs may lack it
         model.config.architectures = [type(model).__name__]
     # The weights are dequantised now; drop the GGUF quantizer so they save plainly.
@@ -261,6 +264,31 @@ def _load_gguf(
         _save_copy(model, tok, folder, path)
     notice(f"converted {path.name} in {time.perf_counter() - t0:.0f} s")
     return model, tok
+
+
+# Common English words: a tokenizer built right from a GGUF's vocabulary (tens of thousands of
+# pieces) spells nearly each as one token (16 words and 2 marks: 18 tokens for SmolLM2 and for
+# Gemma 3). transformers 5.17 builds Gemma 3's tokenizer from its GGUF without the merges (a
+# Unigram model that spells "capital" 'c', 'ap', 'it', 'al': 36 tokens); 5.24 builds it right.
+_PLAIN = "The capital of France is Paris, and the river that runs through the city is long."
+
+
+def check_gguf_tokenizer(tok, name: str, *, cached: bool = False) -> None:
+    """Refuse, in one line, a tokenizer that spells common words in pieces: the model would
+    read text it was never trained on, and every number from it would be wrong."""
+    if len(tok) < 16_000:  # small vocabularies (tests' tiny GGUFs) may spell words in pieces
+        return
+    words = len(_PLAIN.split())
+    n = len(tok(_PLAIN, add_special_tokens=False).input_ids)
+    if n > 1.5 * words:
+        import transformers
+
+        where = " (`headhunt cache clear` removes the copy made with it)" if cached else ""
+        raise HeadhuntError(
+            f"{name}: transformers {transformers.__version__} built this GGUF's tokenizer wrong "
+            f"({n} tokens for a {words}-word sentence, pieces of words{where}): use "
+            "transformers 5.24 (what CI tests)"
+        )
 
 
 def _save_copy(model, tok, folder: Path, source: Path) -> None:

@@ -128,3 +128,28 @@ def test_a_folder_without_a_tokenizer_is_refused_in_one_line(tmp_path):
     tiny_llama().model.save_pretrained(tmp_path)
     with pytest.raises(HeadhuntError, match="has no tokenizer"):
         load_model(str(tmp_path), device="cpu")
+
+
+class _Spelling:
+    """A tokenizer stand-in: ``size`` pieces, each word one token or one token per character."""
+
+    def __init__(self, size: int, by_char: bool):
+        self.size, self.by_char = size, by_char
+
+    def __len__(self):
+        return self.size
+
+    def __call__(self, text, add_special_tokens=False):
+        pieces = list(text.replace(" ", "")) if self.by_char else text.split()
+        return type("Enc", (), {"input_ids": list(range(len(pieces)))})()
+
+
+def test_a_gguf_tokenizer_that_spells_words_in_pieces_is_refused():
+    """transformers 5.17 builds Gemma 3's GGUF tokenizer without merges: refused in one line
+    (the model would read text it never saw); a word-level one and a tiny vocabulary pass."""
+    from headhunt.probes.loading import check_gguf_tokenizer
+
+    check_gguf_tokenizer(_Spelling(262_144, by_char=False), "good.gguf")
+    check_gguf_tokenizer(_Spelling(300, by_char=True), "tiny.gguf")
+    with pytest.raises(HeadhuntError, match="tokenizer wrong .*cache clear"):
+        check_gguf_tokenizer(_Spelling(262_144, by_char=True), "gemma.gguf", cached=True)
