@@ -76,11 +76,15 @@ class HookedModel:
         try:
             self.n_layers: int = cfg.num_hidden_layers
             self.n_heads: int = cfg.num_attention_heads
-            self.n_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.n_heads
             self.d_model: int = cfg.hidden_size
-            self.head_dim: int = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+            # Each layer's head size (Gemma 4's global layers have larger heads than its
+            # sliding ones); ``head_dim`` is the one size where all layers share it.
+            self.head_dims: list[int] = _per_layer_head_dims(cfg, self.n_layers, self.n_heads)
+            self.n_kv_heads: int = _one_kv_head_count(cfg, self.n_layers, self.n_heads, self.model)
             # The text vocabulary (a multimodal model's top-level config has none).
             self.vocab_size: int | None = getattr(cfg, "vocab_size", None)
+        except HeadhuntError:
+            raise
         except Exception as e:  # recurrent configs lack heads; some vary them per layer
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise HeadhuntError(
@@ -95,6 +99,7 @@ class HookedModel:
                 "decoder-only causal LMs"
             )
         attention.register()
+        _compute_every_query(self.model)
         # Modules that compute attention in their own code are routed through the seam where
         # they are (their model keeps its own attention implementation and masks); every other
         # model calls headhunt's implementation through transformers' AttentionInterface.
@@ -340,6 +345,28 @@ class HookedModel:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def _head_dim(self) -> int | None:
+        """The head size all layers share, or None where it varies per layer."""
+        return self.head_dims[0] if len(set(self.head_dims)) == 1 else None
+
+    @property
+    def head_dim(self) -> int:
+        """The head size all layers share; refused in one line where it varies per layer (a
+        caller that needs one size for the whole model, e.g. head-output buffers, then cannot
+        measure this model: per-layer sizes are in ``head_dims``)."""
+        if self._head_dim is None:
+            sizes = sorted(set(self.head_dims))
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: head sizes vary per layer ({sizes}); this "
+                "measurement needs one head size for the whole model"
+            )
+        return self._head_dim
+
+    @head_dim.setter
+    def head_dim(self, size: int) -> None:
+        self.head_dims = [size] * self.n_layers
+
+    @property
     def group_size(self) -> int:
         """Query heads per KV head."""
         return self.n_heads // self.n_kv_heads
@@ -365,7 +392,8 @@ class HookedModel:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
+            "head_dim": self._head_dim,
+            **({"head_dims": self.head_dims} if self._head_dim is None else {}),
             "d_model": self.d_model,
             "max_context": self.max_context,
             **(
@@ -488,6 +516,63 @@ def _uses_attention_interface(model: torch.nn.Module) -> bool:
     import sys
 
     return hasattr(sys.modules[type(model).__module__], "ALL_ATTENTION_FUNCTIONS")
+
+
+def _compute_every_query(model: torch.nn.Module) -> None:
+    """Gemma 4 runs its KV-shared layers (which write no cache) on the last ``logits_to_keep``
+    positions only, a shortcut that leaves the kept logits unchanged. headhunt's captures read
+    every query of every layer (statistics, n-gram scores, head outputs) and ask for one logit,
+    so the shortcut would hand them a layer with one query; it is turned off: those layers
+    compute every position, as they do when the model is asked for hidden states."""
+    for module in model.modules():
+        slicer = getattr(module, "_maybe_slice_kv_shared_inputs", None)
+        if slicer is not None and not getattr(slicer, "headhunt_unsliced", False):
+            module._maybe_slice_kv_shared_inputs = _unsliced(slicer)
+
+
+def _unsliced(slicer):
+    """The model's own slicer, told what it is told when hidden states are requested (its
+    documented case for keeping every position), so it returns its inputs untouched."""
+
+    def unsliced(*args, **kwargs):
+        return slicer(*args, **{**kwargs, "output_hidden_states": True})
+
+    unsliced.headhunt_unsliced = True
+    return unsliced
+
+
+def _layer_config(cfg, layer: int):
+    """One layer's config where the config varies it per layer (transformers'
+    ``per_layer_config``, Gemma 4), else the config itself."""
+    per_layer = getattr(cfg, "per_layer_config", None)
+    if per_layer is None:
+        return cfg
+    return per_layer[layer]
+
+
+def _per_layer_head_dims(cfg, n_layers: int, n_heads: int) -> list[int]:
+    """Each layer's head size, read from that layer's config."""
+    sizes = []
+    for layer in range(n_layers):
+        lc = _layer_config(cfg, layer)
+        sizes.append(getattr(lc, "head_dim", None) or cfg.hidden_size // n_heads)
+    return sizes
+
+
+def _one_kv_head_count(cfg, n_layers: int, n_heads: int, model) -> int:
+    """The number of key heads, which every layer must share: head scores group query heads
+    by key head with one group size (Gemma 4's larger models give their global layers fewer
+    key heads; those are refused in one line)."""
+    counts = [
+        getattr(_layer_config(cfg, layer), "num_key_value_heads", None) or n_heads
+        for layer in range(n_layers)
+    ]
+    if len(set(counts)) > 1:
+        raise HeadhuntError(
+            f"{type(model).__name__}: the number of key heads varies per layer ({sorted(set(counts))}); headhunt groups "
+            "query heads by key head with one group size for the whole model"
+        )
+    return counts[0]
 
 
 def _text_config(config):

@@ -75,6 +75,16 @@ OVERRIDES: dict[str, dict] = {
             "use_double_wide_mlp": False,
         },
     },
+    # Gemma 4: per-layer head sizes (16 in sliding layers, 512 in full ones, the class
+    # default), and the last two layers reusing the KV cache of the first two, as its small
+    # released models do; per-layer embeddings sized to the tiny vocabulary (not 262144 x 512)
+    "gemma4_text": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2,
+        "vocab_size_per_layer_input": 64,
+        "hidden_size_per_layer_input": 16,
+    },
     # one global, one local (windowed) layer
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8},
     # released LFM2 checkpoints mix short-convolution layers with attention layers
@@ -138,6 +148,9 @@ OVERRIDES: dict[str, dict] = {
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
 }
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
+for _family in ("gemma4", "gemma4_unified"):
+    OVERRIDES[_family] = {"text_config": OVERRIDES["gemma4_text"]}
+OVERRIDES["gemma4_unified_text"] = OVERRIDES["gemma4_text"]
 
 
 def _unit_key_scale(model: torch.nn.Module) -> None:
@@ -149,8 +162,22 @@ def _unit_key_scale(model: torch.nn.Module) -> None:
             param.data.fill_(1.0)
 
 
+def _trained_query_scale(model: torch.nn.Module) -> None:
+    """Gemma 4 scales no score (scaling 1): its query norm's learned weight sets the logits'
+    size. Initialised to 1, a 512-wide global head's logits spread by ~sqrt(512), so eager's
+    float32 softmax underflows to exactly 0 on visible keys and the pattern checks could not
+    tell a visible key from a masked one. A scale of 2 / sqrt(head size) stands in for the
+    learned one (logits of a few units, as trained models have)."""
+    for name, module in model.named_modules():
+        if name.endswith("self_attn.q_norm"):
+            module.weight.data.fill_(2 / module.weight.numel() ** 0.5)
+
+
 # Weights some families initialise to a degenerate value (after the seeded random init).
 AFTER_INIT = {"zaya": _unit_key_scale}
+for _family in ("gemma4", "gemma4_assistant", "gemma4_text", "gemma4_unified"):
+    AFTER_INIT[_family] = _trained_query_scale
+AFTER_INIT["gemma4_unified_text"] = AFTER_INIT["gemma4_unified_assistant"] = _trained_query_scale
 
 
 @dataclass

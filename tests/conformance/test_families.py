@@ -82,12 +82,12 @@ FAMILIES: dict[str, str] = {
     "gemma3_text": "pass",
     "gemma3n": "refused: requires the timm library",
     "gemma3n_text": "pass",
-    "gemma4": "refused: no single attention shape",
-    "gemma4_assistant": "refused: no single attention shape",
-    "gemma4_text": "refused: no single attention shape",
-    "gemma4_unified": "refused: no single attention shape",
-    "gemma4_unified_assistant": "refused: no single attention shape",
-    "gemma4_unified_text": "refused: no single attention shape",
+    "gemma4": "pass",
+    "gemma4_assistant": "refused: shared_kv_states cannot be None",
+    "gemma4_text": "pass",
+    "gemma4_unified": "pass",
+    "gemma4_unified_assistant": "refused: shared_kv_states cannot be None",
+    "gemma4_unified_text": "pass",
     "git": "refused: no attention module with a layer index",
     "glm": "pass",
     "glm4": "pass",
@@ -276,7 +276,9 @@ def test_docs_table_matches_the_suite():
     assert table == FAMILIES
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss", "llama4_text", "gemma3n_text"])
+@pytest.mark.parametrize(
+    "family", ["mistral", "gemma2", "gpt_oss", "llama4_text", "gemma3n_text", "gemma4_text"]
+)
 def test_decode_positions_stay_inside_the_window(family):
     """Decoding past the window (or chunk): every argmax key a sliding (chunked) layer reports
     is one its query can see, at absolute positions although its cache keeps only the window
