@@ -1,7 +1,7 @@
 """README's newcomer path (issue 29, item 5.4): `make run`, then README's commands in order, as
 written. Checked without running models: every run a command reads (`--scores`) was written by
 `make run` or an earlier command, and no command writes over an earlier one's run directory
-without --resume or --force (it would be refused)."""
+without --resume or --force (it would be refused). tests/test_readme_runs.py runs them."""
 
 from __future__ import annotations
 

@@ -143,15 +143,22 @@ def needle_recall(
 ) -> list[float]:
     """ROUGE-1 recall of each trial's answer in the greedy response, with ``heads`` masked."""
     hooks = (HeadMask(heads, mode),) if heads else ()
-    out = []
-    for i in range(0, len(trials), batch_size):
-        batch = trials[i : i + batch_size]
-        prompts = torch.tensor([t.input_ids for t in batch])
-        dec = greedy_decode(
-            model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, hooks=hooks
-        )
-        texts = responses(model.tokenizer, dec.tokens, dec.lengths.tolist(), stop_ids)
-        out += [rouge1_recall(t.answer, text) for t, text in zip(batch, texts, strict=True)]
+    out = [0.0] * len(trials)
+    # A batch holds prompts of one length (one tensor); a grid whose trials per length are not
+    # a multiple of the batch size would otherwise mix two lengths in one batch.
+    by_length: dict[int, list[int]] = {}
+    for i, t in enumerate(trials):
+        by_length.setdefault(len(t.input_ids), []).append(i)
+    for indices in by_length.values():
+        for j in range(0, len(indices), batch_size):
+            batch = [trials[i] for i in indices[j : j + batch_size]]
+            prompts = torch.tensor([t.input_ids for t in batch])
+            dec = greedy_decode(
+                model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, hooks=hooks
+            )
+            texts = responses(model.tokenizer, dec.tokens, dec.lengths.tolist(), stop_ids)
+            for i, t, text in zip(indices[j : j + batch_size], batch, texts, strict=True):
+                out[i] = rouge1_recall(t.answer, text)
     return out
 
 

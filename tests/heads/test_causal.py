@@ -65,3 +65,19 @@ def test_masking_check_bad_heads():
         MaskingCheck.draw(MODEL, [], 1)
     with pytest.raises(HeadhuntError, match="head 3-0 is outside the model"):
         MaskingCheck.draw(MODEL, [(3, 0)], 1)
+
+
+def test_needle_recall_batches_each_length_apart(tiny):
+    """Trials per length that are no multiple of the batch size once put two lengths in one
+    batch (a crash, found by running README's ablate); each trial's recall is the one it gets
+    alone."""
+    from headhunt.heads.configs import RetrievalConfig
+    from headhunt.heads.evaluations.causal import needle_recall
+    from headhunt.heads.retrieval import build_trials, stop_token_ids
+
+    config = RetrievalConfig(lengths=[300, 400], depths=[25, 75], needles=["passkey"])
+    trials = build_trials(tiny, config)  # 300, 300, 400, 400 tokens: a batch of 3 mixes them
+    stop = stop_token_ids(tiny.tokenizer)
+    together = needle_recall(tiny, trials, max_new_tokens=3, stop_ids=stop, batch_size=3)
+    alone = [needle_recall(tiny, [t], max_new_tokens=3, stop_ids=stop)[0] for t in trials]
+    assert together == alone
