@@ -37,7 +37,7 @@ from test_readme_path import readme_commands
 # Defaults made smaller for CI (config class -> field -> value); README's flags still win.
 SHRUNK = {
     "headhunt.heads.configs.NeedlePrompts": {"depths": [50.0], "needles": ["passkey"]},
-    "headhunt.heads.configs.NeedleTrials": {"max_new_tokens": 4},
+    "headhunt.heads.configs.NeedleTrialGrid": {"max_new_tokens": 4},
     "headhunt.heads.configs.KVEvalConfig": {
         "lengths": [256],
         "fractions": [0.0, 1.0],
@@ -79,11 +79,11 @@ def word_model(tmp_path_factory):
     from headhunt.heads.inputs.needles import default_haystack_text
     from headhunt.probes.targets import MQAR_KEYS, MQAR_VALUES, NGRAM_WORDS
     from headhunt.probes.tiny import tiny_llama, word_tokenizer
-    from headhunt.sae import tasks
+    from headhunt.sae import prompt_pairs
 
     words = {w.lower() for w in re.findall(r"[A-Za-z]{3,}", default_haystack_text())}
     words |= set(NGRAM_WORDS + MQAR_KEYS + MQAR_VALUES + ["positive", "negative"])
-    words |= set(tasks.NAMES + tasks.ARG_NAMES + tasks.FUNC_NAMES)
+    words |= set(prompt_pairs.NAMES + prompt_pairs.ARG_NAMES + prompt_pairs.FUNC_NAMES)
     tok = word_tokenizer(extra_words=sorted(words))
     m = tiny_llama(n_layers=4, n_heads=8, n_kv_heads=2, tokenizer=tok, max_context=8192)
     folder = tmp_path_factory.mktemp("readme-model")
