@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,10 @@ class HookedModel:
 
     def __post_init__(self) -> None:
         cfg = _text_config(self.model.config)
+        self.attention_free: bool = _is_attention_free(self.model, cfg)
+        if self.attention_free:
+            self._wrap_attention_free(cfg)
+            return
         try:
             self.n_layers: int = cfg.num_hidden_layers
             self.n_heads: int = cfg.num_attention_heads
@@ -187,6 +192,34 @@ class HookedModel:
         self._check_calls()
         self._check_causal()
 
+    def _wrap_attention_free(self, cfg) -> None:
+        """A model with no attention at all (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM): its
+        behaviour (MQAR or needle accuracy from its logits) is measured as for any model;
+        every head measurement is refused in one line (:meth:`hooks`)."""
+        try:
+            self.n_layers = cfg.num_hidden_layers
+            self.d_model = cfg.hidden_size
+        except AttributeError as e:
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: no attention and no layer count in its config "
+                f"({str(e).splitlines()[0][:120]})"
+            ) from None
+        self.n_heads, self.n_kv_heads, self.head_dims = 0, 0, []
+        self.vocab_size = getattr(cfg, "vocab_size", None)
+        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        kinds = getattr(cfg, "layer_types", None)
+        self.layer_kinds = list(kinds) if kinds else ["recurrent"] * self.n_layers
+        self.routed_modules = []
+        self.modules = [None] * self.n_layers
+        self.attention_layers = []
+        self.model.eval()
+
+    def _refuse_attention_free(self) -> None:
+        raise HeadhuntError(
+            f"{type(self.model).__name__} has no attention layers: head scores need attention "
+            "(its behaviour, e.g. MQAR or needle accuracy, is measured without head hooks)"
+        )
+
     def _check_calls(self) -> None:
         """One three-token forward: every layer's attention must go through headhunt's
         implementation exactly once, with a call headhunt can reproduce (else a one-line
@@ -290,6 +323,8 @@ class HookedModel:
 
     def check_attention_layers(self, layers: Collection[int]) -> list[int]:
         """``layers`` as a sorted list, refusing (one line) any that is not an attention layer."""
+        if self.attention_free:
+            self._refuse_attention_free()
         bad = sorted({int(x) for x in layers} - set(self.attention_layers))
         if bad:
             kinds = self.layer_kinds or []
@@ -347,7 +382,7 @@ class HookedModel:
     @property
     def _head_dim(self) -> int | None:
         """The head size all layers share, or None where it varies per layer."""
-        return self.head_dims[0] if len(set(self.head_dims)) == 1 else None
+        return self.head_dims[0] if len(set(self.head_dims)) == 1 else None  # none: no heads
 
     @property
     def head_dim(self) -> int:
@@ -410,6 +445,8 @@ class HookedModel:
     def hooks(self, *hooks: AttentionHook, layers: list[int] | None = None) -> Iterator[None]:
         """Install attention hooks on every attention layer (or ``layers``, which must be
         attention layers) for the duration of the block."""
+        if self.attention_free and (hooks or layers):
+            self._refuse_attention_free()
         picked = self.attention_layers if layers is None else self.check_attention_layers(layers)
         for hook in hooks:  # a head mask on a layer that is not attention would do nothing
             acts_on = hook.layers()
@@ -437,7 +474,22 @@ class HookedModel:
         """One forward pass on the model's device; 1-D ids are treated as a batch of one."""
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
-        return self.model(input_ids=input_ids.to(self.device), **kwargs)
+        keep = kwargs.get("logits_to_keep")
+        if keep is None or self._takes_logits_to_keep:
+            return self.model(input_ids=input_ids.to(self.device), **kwargs)
+        # A forward without ``logits_to_keep`` (xLSTM): every position's logits, then the kept
+        # ones, as the model would have kept them (the last k, or the listed positions).
+        del kwargs["logits_to_keep"]
+        out = self.model(input_ids=input_ids.to(self.device), **kwargs)
+        if isinstance(keep, int):
+            out.logits = out.logits[:, -keep:] if keep else out.logits
+        else:
+            out.logits = out.logits[:, torch.as_tensor(keep, device=out.logits.device)]
+        return out
+
+    @functools.cached_property
+    def _takes_logits_to_keep(self) -> bool:
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def bridge(self):
         """A TransformerLens 4 ``TransformerBridge`` over this model's weights, for TL-style hooks
@@ -516,6 +568,17 @@ def _uses_attention_interface(model: torch.nn.Module) -> bool:
     import sys
 
     return hasattr(sys.modules[type(model).__module__], "ALL_ATTENTION_FUNCTIONS")
+
+
+def _is_attention_free(model: torch.nn.Module, cfg) -> bool:
+    """No attention heads in the config and no attention module in the model (state-space and
+    recurrent models); a model with either goes through the attention checks instead."""
+    try:
+        if getattr(cfg, "num_attention_heads", None) is not None:
+            return False
+    except Exception:  # a head count that varies per layer (dots3): heads, just not one shape
+        return False
+    return not attention.attention_modules(model)
 
 
 def _compute_every_query(model: torch.nn.Module) -> None:

@@ -1,0 +1,57 @@
+"""Attention-free models (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM): their behaviour (MQAR
+accuracy from the logits) is measured as for any model; every head measurement is refused in
+one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from headhunt.errors import HeadhuntError
+from headhunt.heads.inputs.mqar_inputs import MQARSpec, generate_mqar
+from headhunt.heads.interventions.masking import HeadMask
+from headhunt.heads.mqar import run_mqar
+from headhunt.probes.hooked import HookedModel
+from headhunt.probes.tiny import tiny_causal_lm
+
+FAMILIES = {
+    "mamba": {},
+    "mamba2": {"expand": 1, "n_groups": 1},
+    "falcon_mamba": {},
+    "rwkv": {},
+    "xlstm": {},  # its forward takes no logits_to_keep: headhunt keeps the asked-for logits
+}
+REFUSAL = "has no attention layers: head scores need attention"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mqar_accuracy_is_measured_and_head_scores_refused(family):
+    model = tiny_causal_lm(family, **FAMILIES[family])
+    hm = HookedModel(model=model, tokenizer=None, name=family)
+    assert hm.attention_free and hm.attention_layers == [] and hm.n_heads == 0
+    facts = hm.describe()
+    assert facts["n_heads"] == 0 and facts["attention_layers"] == [] and facts["head_dim"] is None
+    probe = generate_mqar(MQARSpec(vocab_size=64, seq_len=32, n_pairs=4), 6, seed=0)
+
+    # planted: the target of every query is the model's own prediction there (from its logits
+    # at every position, computed here without headhunt), so accuracy is 1 exactly when each
+    # query is read at its own position, and a target moved off it must then be missed
+    with torch.no_grad():
+        logits = model(input_ids=probe.ids, use_cache=False).logits
+    picked = logits.gather(1, probe.query_pos[..., None].expand(-1, -1, logits.shape[-1]))
+    own = dataclasses.replace(probe, target=picked.argmax(-1))
+    got = run_mqar(hm, own, batch_size=4)
+    assert got.correct.shape == probe.target.shape and got.accuracy == 1.0
+    wrong = dataclasses.replace(own, target=(own.target + 1) % 64)
+    assert run_mqar(hm, wrong, batch_size=4).accuracy == 0.0
+
+    for refused in (
+        lambda: run_mqar(hm, probe, score_heads=True),
+        lambda: run_mqar(hm, probe, hooks=[HeadMask([(0, 0)], "query")]),
+        lambda: hm.check_attention_layers([0]),
+    ):
+        with pytest.raises(HeadhuntError, match=REFUSAL) as err:
+            refused()
+        assert "\n" not in str(err.value)
