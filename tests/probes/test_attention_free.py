@@ -55,3 +55,14 @@ def test_mqar_accuracy_is_measured_and_head_scores_refused(family):
         with pytest.raises(HeadhuntError, match=REFUSAL) as err:
             refused()
         assert "\n" not in str(err.value)
+
+
+def test_a_head_method_refuses_before_it_runs(tmp_path):
+    from headhunt.engine import execute
+    from headhunt.methods import get
+
+    hm = HookedModel(model=tiny_causal_lm("mamba"), tokenizer=None, name="mamba")
+    method = get("mqar")
+    with pytest.raises(HeadhuntError, match=REFUSAL) as err:
+        execute(method, method.Config(), out=tmp_path / "run", model=hm, show=False)
+    assert "\n" not in str(err.value)
