@@ -74,6 +74,11 @@ class HookedModel:
 
     def __post_init__(self) -> None:
         cfg = _text_config(self.model.config)
+        if "shared_kv_states" in inspect.signature(self.model.forward).parameters:
+            raise HeadhuntError(
+                f"{type(self.model).__name__} is a drafter: its forward reads the KV states of "
+                "the model it drafts for (shared_kv_states); capture that model instead"
+            )
         self.attention_free: bool = _is_attention_free(self.model, cfg)
         if self.attention_free:
             self._wrap_attention_free(cfg)
