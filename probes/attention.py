@@ -628,7 +628,19 @@ def _run_base_kernel(module: torch.nn.Module, call: AttentionCall, kwargs: dict)
 def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of an attention module: the tokens its layer's cache has seen before
     this call, i.e. the absolute position of the call's first query (a sliding layer's cache
-    may keep fewer keys than that)."""
+    may keep fewer keys than that).
+
+    A module whose layer index headhunt gave it (one application of a block shared by several
+    layers: Zamba) must be told the same index by the model's forward, else its call would be
+    scored as another layer's."""
+    if getattr(module, "headhunt_indexed", False):
+        told = kwargs.get("layer_idx", args[1] if len(args) > 1 else None)
+        if told != module.layer_idx:
+            raise HeadhuntError(
+                f"{type(module).__name__} at layer {module.layer_idx} was called as layer "
+                f"{told}: one attention module runs at several layers; headhunt captures one "
+                "attention module per layer"
+            )
     names = [n for n in ("cache", "past_key_values", "past_key_value") if n in kwargs]
     if not names:  # the cache is not passed by name: assume keys start at position 0
         module.headhunt_query_start = None

@@ -125,6 +125,7 @@ class HookedModel:
         found = attention.attention_modules(self.model)
         if cfg is not self.model.config:  # a multimodal model: only its text tower is captured
             found = [m for m in found if m.config is cfg]
+        found = _index_shared_blocks(self.model, found, self.n_layers)
         # A hybrid model's config names each layer's kind; the layers it says are not softmax
         # attention (linear attention, state-space, short convolution, MLP-only) are passed
         # through, keeping the model's own layer indices. Every other layer must be captured.
@@ -152,8 +153,9 @@ class HookedModel:
         shared = [m for m in found if not isinstance(m.layer_idx, int) or m.layer_idx < 0]
         if not by_layer and shared:
             raise HeadhuntError(
-                f"{type(self.model).__name__}: one attention block ({type(shared[0]).__name__}) "
-                "is shared by several layers; headhunt captures one attention module per layer"
+                f"{type(self.model).__name__}: one attention module object "
+                f"({type(shared[0]).__name__}) runs at several layers, with no layer index of "
+                "its own; headhunt captures one attention module per layer"
             )
         if not by_layer:
             raise HeadhuntError(
@@ -565,6 +567,35 @@ def _ranges(layers: list[int]) -> str:
             out.append(str(start) if start == x else f"{start}-{x}")
             start = None
     return ", ".join(out)
+
+
+def _index_shared_blocks(model: torch.nn.Module, found: list, n_layers: int) -> list:
+    """Give a layer index to attention modules that carry none (Zamba, Zamba2: one attention
+    block whose weights are shared, applied at several depths, each application a module of
+    its own told its layer by its forward's ``layer_idx`` argument). A module that sits in
+    exactly one decoder layer (an item of the model's list of ``n_layers`` layers) gets that
+    layer's index, the one the model hands it; a module object that sits in several layers
+    keeps none (refused in one line). :func:`headhunt.probes.attention._record_query_start`
+    checks at every call that the index the model passes is the one given here."""
+    unindexed = [m for m in found if not isinstance(m.layer_idx, int) or m.layer_idx < 0]
+    if not unindexed:
+        return found
+    lists = [
+        mod
+        for mod in model.modules()
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers
+    ]
+    for m in unindexed:
+        homes = {
+            (id(lst), i)
+            for lst in lists
+            for i, block in enumerate(lst)
+            if any(sub is m for sub in block.modules())
+        }
+        if len(homes) == 1:
+            m.layer_idx = next(iter(homes))[1]
+            m.headhunt_indexed = True  # the index is headhunt's: the forward's must match it
+    return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))
 
 
 def _uses_attention_interface(model: torch.nn.Module) -> bool:

@@ -146,6 +146,28 @@ OVERRIDES: dict[str, dict] = {
     },
     "xmod": {"default_language": "en_XX"},  # its forward needs a language adapter chosen
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
+    # one attention block (its weights shared) applied at two depths, each application a
+    # module of its own that the forward tells its layer, as Zamba's released models do
+    "zamba": {
+        "num_hidden_layers": 4,
+        "layers_block_type": ["linear_attention", "hybrid"] * 2,
+        "layer_types": ["linear_attention", "hybrid"] * 2,
+    },
+    # Zamba2: the same, with per-application LoRA adapters on q, k, v and rotary positions in
+    # the shared block (Zamba2-1.2B's settings: its adapters, full-width, need as many key
+    # heads as query heads), and a small Mamba-2 mixer
+    "zamba2": {
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 4,
+        "layers_block_type": ["linear_attention", "hybrid"] * 2,
+        "layer_types": ["linear_attention", "hybrid"] * 2,
+        "use_shared_attention_adapter": True,
+        "adapter_rank": 8,
+        "use_mem_rope": True,
+        "n_mamba_heads": 4,
+        "mamba_d_state": 16,
+        "chunk_size": 16,
+    },
 }
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
 for _family in ("gemma4", "gemma4_unified"):
@@ -205,7 +227,22 @@ def build_pair(family: str) -> Pair:
     eager.set_attn_implementation("eager")
     if eager.config._attn_implementation != "eager":  # a model that picks its kernel when built
         eager = _rebuilt_eager(model)
+    _layer_from_forward(eager)
     return Pair(HookedModel(model=model, tokenizer=None, name=family), eager)
+
+
+def _layer_from_forward(model: torch.nn.Module) -> None:
+    """Attention modules with no layer index of their own (Zamba's shared block, applied at
+    several depths) learn it at each call from the ``layer_idx`` their forward is given, so
+    the masking reference zeroes the head of the layer the model says it is running."""
+
+    def told(module, args, kwargs):
+        module.layer_idx = kwargs.get("layer_idx", args[1] if len(args) > 1 else None)
+
+    for module in model.modules():
+        idx = getattr(module, "layer_idx", 0)
+        if type(module).__name__.endswith("Attention") and (idx is None or idx == -1):
+            module.register_forward_pre_hook(told, with_kwargs=True)
 
 
 def _rebuilt_eager(model: torch.nn.Module) -> torch.nn.Module:

@@ -13,6 +13,7 @@ layer does from the call itself (see :class:`headhunt.probes.attention.Attention
 from __future__ import annotations
 
 import pytest
+import torch
 
 from headhunt.errors import HeadhuntError
 
@@ -213,8 +214,8 @@ FAMILIES: dict[str, str] = {
     "xlstm": "refused: no attention layers: head scores need attention",
     "xmod": "pass",
     "youtu": "pass",
-    "zamba": "refused: is shared by several layers",
-    "zamba2": "refused: is shared by several layers",
+    "zamba": "pass",
+    "zamba2": "pass",
     "zaya": "pass",
 }
 
@@ -305,3 +306,32 @@ def test_decode_positions_stay_inside_the_window(family):
                 assert bool(((pos - first) // size == (p - first) // size).all()), (t, layer)
             else:
                 assert bool((pos <= p).all())
+
+
+def test_one_module_object_at_several_layers_is_refused():
+    """Zamba's shared block is one module per application (each told its layer by the forward),
+    captured layer by layer; one module object placed at two layers has no layer of its own
+    and is refused in one line."""
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm
+
+    from .conftest import OVERRIDES
+
+    model = tiny_causal_lm("zamba", **OVERRIDES["zamba"])
+    layers = model.model.layers
+    layers[3].shared_transf = layers[1].shared_transf
+    with pytest.raises(HeadhuntError) as err:
+        HookedModel(model=model, tokenizer=None, name="zamba")
+    assert "\n" not in str(err.value) and "runs at several layers" in str(err.value)
+
+
+def test_shared_block_layers_keep_the_models_indices():
+    """Each application of Zamba 2's shared block is captured as the layer the model runs it
+    at (1 and 3), with its own q, k (its own LoRA adapters): the two layers' queries differ."""
+    from headhunt.probes.capture import capture_qk
+
+    hm = build_pair("zamba2").hooked
+    assert hm.attention_layers == [1, 3] and hm.modules[1] is not hm.modules[3]
+    ids = torch.randint(3, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    got = capture_qk(hm, ids)
+    assert not torch.allclose(got[1][0], got[3][0])
