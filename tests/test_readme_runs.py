@@ -52,7 +52,11 @@ SHRUNK = {
         "head_examples": 8,
         "random_sets": 2,
     },
-    "headhunt.methods.taskheads.TaskHeadsConfig": {"ks": [1, 4], "random_draws": 1},
+    "headhunt.methods.taskheads.TaskHeadsConfig": {
+        "ks": [1, 4],
+        "random_draws": 1,
+        "random_from": ["all"],
+    },
     "headhunt.sae.configs.CircuitsConfig": {"pairs": 8, "trials": 2, "dict_size": 16, "png": False},
     "headhunt.sae.configs.CircuitConfig": {"epochs": 20},
 }

@@ -46,7 +46,13 @@ class TaskHeadsConfig(MethodConfig):
     detectors: list[str] = option(
         ["copy", "query", "write"], "detectors checked", choices=("copy", "query", "write")
     )
-    random_draws: int = option(3, "random head sets per k", min=0)
+    random_draws: int = option(3, "random head sets per k (per pool, per detector for outside)",
+                               min=0)  # fmt: skip
+    random_from: list[str] = option(
+        ["all", "outside"], "the random control's pools: all heads (as LOCOS draws them) and "
+        "the heads outside the detector's top k (Wu et al.'s non-retrieval heads)",
+        choices=("all", "outside"),
+    )  # fmt: skip
     retriever_heads: int = option(16, "top query-focus heads of the retriever", min=1)
     batch_size: int = option(1, "evaluation sequences per forward in the causal check", min=1)
     specificity: bool = option(
@@ -86,8 +92,10 @@ give three scores per head: copy_score (Wu et al.'s rule under teacher forcing),
 its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
 token's logit minus the off-evidence write, final norm linearised, correct examples only).
 The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
-heads are mean- and zero-ablated against --random-draws random k-head sets, with closed-book
-prompts the model answers without context as the specificity control, and documents are
+heads are mean- and zero-ablated against --random-draws random k-head sets (from all heads, and
+from the heads outside that detector's top k), with closed-book prompts the model answers
+without context as the specificity control (mean ablation there puts in the heads' mean over
+other closed-book prompts; closed_book: with the task's mean), and documents are
 ranked by the top heads' calibrated mass against BM25 and all heads. Writes scores.parquet,
 examples.jsonl, conditions.jsonl, ablation.csv, detectors.json, retrieval.json and
 taskheads.html."""
@@ -158,8 +166,10 @@ taskheads.html."""
         path = run.path / "ablation.csv"
         if path.is_file():
             cols = ["detector", "mode", "k", "accuracy", "se", "random", "random_se"]
-            cols += ["closed_book", "random_closed_book"]
-            print_table(pd.read_csv(path)[cols], "ablation: task accuracy at each k")
+            cols += ["random_outside", "random_outside_se", "specificity", "random_specificity"]
+            table = pd.read_csv(path)
+            cols = [c for c in cols if c in table]  # runs from before a column existed
+            print_table(table[cols], "ablation: task accuracy at each k")
         ret = run.json("retrieval.json")
         if ret:
             rows = [{"retriever": k, **v} for k, v in ret.items()]
@@ -208,9 +218,9 @@ class Plan:
 
     def __init__(self, model, config: TaskHeadsConfig, records, encoded):
         import numpy as np
-        import torch
 
         from headhunt.heads.evaluations.causal import random_head_sets
+        from headhunt.heads.evaluations.task_ablation import mean_outputs
         from headhunt.heads.taskheads import ExampleResult, head_matrices, top_heads
 
         self.model, self.config, self.encoded = model, config, {e.id: e for e in encoded}
@@ -226,11 +236,7 @@ class Plan:
         count = sum(r["out_count"] for r in scoring)
         total = np.sum([np.asarray(r["out_sum"]) for r in scoring], 0)
         first = np.sum([np.asarray(r["out_first"]) for r in scoring], 0)
-        rest = (total - first) / (count - len(scoring))  # every position but the first
-        self.means = {
-            mode: {la: torch.tensor(m[la], dtype=torch.float32) for la in range(len(m))}
-            for mode, m in (("mean", total / count), ("mean-keep-first", rest))
-        }
+        self.means = mean_outputs(total, first, count, len(scoring))
         n_total = model.n_layers * model.n_heads
         self.ks = [k for k in config.ks if k <= n_total]
         self.top = {d: top_heads(self.matrices[DETECTOR_METRICS[d]], max(self.ks, default=1))
@@ -240,21 +246,41 @@ class Plan:
             for k in self.ks:
                 for d in config.detectors:
                     self.conditions[f"{d}/{mode}/{k}"] = {"heads": self.top[d][:k], "mode": mode}
-                sets = random_head_sets(model.n_layers, model.n_heads, k, config.random_draws,
-                                        seed=config.seed * 7919 + k)  # fmt: skip
-                for i, s in enumerate(sets):
-                    self.conditions[f"random/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
+                if "all" in config.random_from:
+                    sets = random_head_sets(model.n_layers, model.n_heads, k, config.random_draws,
+                                            seed=config.seed * 7919 + k)  # fmt: skip
+                    for i, s in enumerate(sets):
+                        self.conditions[f"random/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
+                if "outside" not in config.random_from or 2 * k > n_total:
+                    continue  # (no k heads outside a top k: no outside control at that k)
+                for j, d in enumerate(config.detectors):
+                    # k heads none of which is in the detector's top k: the control Wu et al.
+                    # describe (random non-retrieval heads), so a draw cannot hold the heads
+                    # whose effect it is the baseline for
+                    sets = random_head_sets(model.n_layers, model.n_heads, k, config.random_draws,
+                                            exclude=self.top[d][:k],
+                                            seed=(config.seed * 7919 + k) * 31 + j + 1)  # fmt: skip
+                    for i, s in enumerate(sets):
+                        self.conditions[f"outside/{d}/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
 
     def run_conditions(self, ctx) -> None:
-        from headhunt.heads.evaluations.task_ablation import ablation, answers_right
-        from headhunt.heads.inputs.task_inputs import closed_book_ids
+        from headhunt.heads.evaluations.task_ablation import (
+            ablation,
+            answers_right,
+            reference_means,
+        )
+        from headhunt.heads.inputs.task_inputs import CLOSED_BOOK_REFERENCE, closed_book_ids
 
         evals = [(self.encoded[r.id].ids, self.encoded[r.id].answer_start) for r in self.eval]
-        closed = []
+        closed, closed_means = [], self.means
+        tok = self.model.tokenizer
         if self.config.specificity:
-            book = [(p + a, len(p)) for p, a in closed_book_ids(self.model.tokenizer)]
+            book = [(p + a, len(p)) for p, a in closed_book_ids(tok)]
             right = answers_right(self.model, book, batch_size=self.config.batch_size)
             closed = [b for b, ok in zip(book, right, strict=True) if ok]
+            # the specificity control's mean: over other closed-book prompts (never evaluated)
+            ref = [p + a for p, a in closed_book_ids(tok, CLOSED_BOOK_REFERENCE)]
+            closed_means = reference_means(self.model, ref)
         done = ctx.done(CONDITIONS, key=lambda r: r["name"])
         share = ctx.todo(list(self.conditions))
         todo = [n for n in share if n not in done]
@@ -262,10 +288,18 @@ class Plan:
         for name in ctx.units(todo, "ablation", done_before=len(share) - len(todo)):
             c = self.conditions[name]
             hooks = ablation(c["heads"], c["mode"], self.means)
+            # closed_book: with the task's mean (as first reported); specificity: with the
+            # closed-book reference mean (the control; the same for zero ablation)
+            book = answers_right(self.model, closed, hooks, bs)
+            if c["mode"] != "zero" and c["heads"]:
+                own = ablation(c["heads"], c["mode"], closed_means)
+                spec = answers_right(self.model, closed, own, bs)
+            else:
+                spec = book
             ctx.append(CONDITIONS, {
                 "name": name, "mode": c["mode"], "heads": c["heads"],
                 "correct": answers_right(self.model, evals, hooks, bs),
-                "closed_book": answers_right(self.model, closed, hooks, bs),
+                "closed_book": book, "specificity": spec,
             })  # fmt: skip
 
     def finish(self, ctx, conditions):
@@ -312,6 +346,11 @@ def _acc(values) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
+def _spec(condition: dict) -> list[bool]:
+    """The specificity control's verdicts (a record from before it existed: closed_book)."""
+    return condition.get("specificity", condition["closed_book"])
+
+
 def ablation_table(by: dict, config: TaskHeadsConfig, ks: list[int]):
     """One row per (detector, mode, k): accuracy with its binomial SE, random k-head sets'
     mean accuracy and SE over draws, and closed-book (specificity) accuracy of both."""
@@ -322,27 +361,40 @@ def ablation_table(by: dict, config: TaskHeadsConfig, ks: list[int]):
 
     base = by["none"]
     rows = []
+
+    def draws(prefix: str) -> dict[str, float | None]:
+        """Mean and SE over the draws of ``prefix/i`` (None without draws)."""
+        rand = [by[f"{prefix}/{i}"] for i in range(config.random_draws) if f"{prefix}/{i}" in by]
+        acc = mean_se([_acc(r["correct"]) for r in rand])
+        return {"": acc[0], "_se": acc[1] if rand else None,
+                "_closed_book": mean_se([_acc(r["closed_book"]) for r in rand])[0],
+                "_specificity": mean_se([_acc(_spec(r)) for r in rand])[0]}  # fmt: skip
+
     for mode in config.modes:
         for k in ks:
-            rand = [by[f"random/{mode}/{k}/{i}"] for i in range(config.random_draws)]
-            r_acc = mean_se([_acc(r["correct"]) for r in rand])
-            r_cb = mean_se([_acc(r["closed_book"]) for r in rand])
+            rand = draws(f"random/{mode}/{k}")
             for d in config.detectors:
                 c = by[f"{d}/{mode}/{k}"]
+                out = draws(f"outside/{d}/{mode}/{k}")
                 acc, se = mean_se(c["correct"])
                 rows.append({
                     "detector": d, "mode": mode, "k": k, "accuracy": acc, "se": se,
-                    "random": r_acc[0], "random_se": r_acc[1],
-                    "closed_book": _acc(c["closed_book"]), "random_closed_book": r_cb[0],
+                    "random": rand[""], "random_se": rand["_se"],
+                    "random_outside": out[""], "random_outside_se": out["_se"],
+                    "closed_book": _acc(c["closed_book"]),
+                    "random_closed_book": rand["_closed_book"],
+                    "specificity": _acc(_spec(c)), "random_specificity": rand["_specificity"],
+                    "random_outside_specificity": out["_specificity"],
                     "full": _acc(base["correct"]), "examples": len(c["correct"]),
-                    "closed_book_prompts": len(c["closed_book"]), "draws": len(rand),
+                    "closed_book_prompts": len(c["closed_book"]), "draws": config.random_draws,
                 })  # fmt: skip
     return pd.DataFrame(rows).replace({np.nan: None}) if rows else pd.DataFrame()
 
 
 def collapse_figure(table, name: str):
-    """Accuracy against k for each detector and ablation (SE bars), random k-head sets and
-    the closed-book control (dotted)."""
+    """Accuracy against k for each detector and ablation (SE bars), random k-head sets (from
+    all heads: grey; from outside the detector's top k: dash-dot) and the closed-book
+    specificity control (dotted)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -350,9 +402,17 @@ def collapse_figure(table, name: str):
         for (d, mode), t in table.groupby(["detector", "mode"], sort=False):
             fig.add_trace(go.Scatter(x=t["k"], y=t["accuracy"], name=f"{d} top-k ({mode})",
                                      error_y={"array": t["se"]}, mode="lines+markers"))  # fmt: skip
-            fig.add_trace(go.Scatter(x=t["k"], y=t["closed_book"], name=f"{d} closed-book ({mode})",
-                                     line={"dash": "dot"}, mode="lines"))  # fmt: skip
+            fig.add_trace(go.Scatter(x=t["k"], y=t["specificity"],
+                                     name=f"{d} closed-book ({mode})", line={"dash": "dot"},
+                                     mode="lines"))  # fmt: skip
+            if t["random_outside"].notna().any():
+                fig.add_trace(go.Scatter(x=t["k"], y=t["random_outside"],
+                                         name=f"random k outside {d} top k ({mode})",
+                                         error_y={"array": t["random_outside_se"]},
+                                         line={"dash": "dashdot"}, mode="lines+markers"))  # fmt: skip
         for mode, t in table.drop_duplicates(["mode", "k"]).groupby("mode"):
+            if t["random"].isna().all():
+                continue
             fig.add_trace(go.Scatter(x=t["k"], y=t["random"], name=f"random k ({mode})",
                                      error_y={"array": t["random_se"]},
                                      line={"color": "grey"}, mode="lines+markers"))  # fmt: skip

@@ -51,6 +51,41 @@ class MeanAblation(AttentionHook):
         return output
 
 
+def mean_outputs(total, first, count: int, sequences: int) -> dict[str, dict[int, Tensor]]:
+    """The per-layer means ([hq, d]) a mean ablation puts in, from sums over a reference set
+    (``total``/``first``: [layer, hq, d] arrays summed over every position / the first ones,
+    ``count`` positions in ``sequences`` sequences): ``mean`` over every position,
+    ``mean-keep-first`` over every position but the first of each sequence."""
+    import numpy as np
+
+    total, first = np.asarray(total), np.asarray(first)
+    rest = (total - first) / (count - sequences)
+    return {
+        mode: {la: torch.tensor(m[la], dtype=torch.float32) for la in range(len(m))}
+        for mode, m in (("mean", total / count), ("mean-keep-first", rest))
+    }
+
+
+@torch.inference_mode()
+def reference_means(
+    model: HookedModel, sequences: Sequence[Sequence[int]]
+) -> dict[str, dict[int, Tensor]]:
+    """:func:`mean_outputs` over a reference set of token sequences (one forward each)."""
+    import numpy as np
+
+    from headhunt.heads.taskheads import OutputSum
+
+    sums = OutputSum()
+    with model.hooks(sums):
+        for ids in sequences:
+            model.forward(torch.tensor([list(ids)], device=model.device), use_cache=False,
+                          logits_to_keep=1)  # fmt: skip
+    layers = range(model.n_layers)
+    total = np.stack([sums.total[la].numpy() for la in layers])
+    first = np.stack([sums.first[la].numpy() for la in layers])
+    return mean_outputs(total, first, sums.count, len(sequences))
+
+
 def ablation(heads: Sequence[tuple[int, int]], mode: str, means: dict[str, dict[int, Tensor]]):
     """The hook of one ablation (none for no heads); ``means[mode]``: the per-layer means."""
     if not heads:

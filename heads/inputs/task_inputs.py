@@ -450,11 +450,44 @@ CLOSED_BOOK = [
 ]
 
 
-def closed_book_ids(tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of the closed-book prompts, as plain text (no template)."""
+# The specificity control's own reference set: other closed-book prompts of the same kind,
+# none of them evaluated. A mean ablation of the closed-book prompts puts in each head's mean
+# output over these (the issue's "mean over a reference set of the same task"); the task's
+# mean, taken over long prompts with documents, is off-distribution in a 10-token prompt.
+CLOSED_BOOK_REFERENCE = [
+    ("The capital of Russia is", "Moscow"),
+    ("The capital of Egypt is", "Cairo"),
+    ("The capital of Greece is", "Athens"),
+    ("The capital of Canada is", "Ottawa"),
+    ("Friday, Saturday,", "Sunday"),
+    ("June, July, August,", "September"),
+    ("six, seven, eight,", "nine"),
+    ("The opposite of left is", "right"),
+    ("The opposite of day is", "night"),
+    ("The opposite of big is", "small"),
+    ("Water boils at one hundred degrees", "Celsius"),
+    ("The sun sets in the", "west"),
+    ("A year has twelve", "months"),
+    ("The chemical symbol for gold is", "Au"),
+    ("Bread and", "butter"),
+    ("Rock and", "roll"),
+    ("The closest star to the Earth is the", "Sun"),
+    ("The color of grass is", "green"),
+    ("Cheese is made from", "milk"),
+    ("The last letter of the alphabet is", "Z"),
+    ("Two plus two equals", "four"),
+    ("A triangle has three", "sides"),
+    ("The Earth orbits the", "Sun"),
+    ("Ice is frozen", "water"),
+]
+
+
+def closed_book_ids(tokenizer, prompts=None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of the closed-book prompts (default: the evaluated ones), as
+    plain text (no template)."""
     bos = tokenizer.bos_token_id
     out = []
-    for prompt, answer in CLOSED_BOOK:
+    for prompt, answer in CLOSED_BOOK if prompts is None else prompts:
         p = tokenizer(prompt, add_special_tokens=False).input_ids
         a = tokenizer(" " + answer, add_special_tokens=False).input_ids
         out.append((([bos] if bos is not None else []) + p, a))

@@ -12,6 +12,7 @@ import headhunt as hh
 from headhunt.heads import taskheads as T
 from headhunt.heads.evaluations.task_ablation import answers_right
 from headhunt.heads.inputs.task_inputs import Encoder, Example
+from headhunt.methods.base import read_jsonl
 from headhunt.probes.attention import AttentionHook
 from headhunt.probes.hooked import HookedModel
 from headhunt.probes.tiny import tiny_causal_lm, tiny_llama, word_tokenizer
@@ -265,6 +266,81 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     assert set(run.scores().df.metric) >= {"copy_score", "query_focus", "write_score"}
     spread = hh.methods.get("taskheads").spread(run, *COPIER)
     assert len(spread) == 3 * 6 and spread.counted.sum() == 3 * 3
+    # The random control drawn outside the detector's top k never holds the copier (the one
+    # head the task needs): every such draw keeps the task; draws from all heads may not.
+    conditions = {c["name"]: c for c in read_jsonl(run.path / "conditions.jsonl")}
+    outside = [c for n, c in conditions.items() if n.startswith("outside/")]
+    assert len(outside) == 3 * 3 * 2 * 2  # detector x mode x k x draw (none at k = 8 of 8)
+    for name, c in conditions.items():
+        if name.startswith("outside/"):
+            _, d, mode, k, _ = name.split("/")
+            top = {tuple(h) for h in det["top"][d][: int(k)]}
+            assert len(c["heads"]) == int(k) and not top & {tuple(h) for h in c["heads"]}
+    assert (table[(table.detector == "write") & (table.k == 1)].random_outside == 1.0).all()
+    assert (table[(table.detector == "copy") & (table.k == 2)].random_outside == 1.0).all()
+
+
+def test_reference_means_are_the_heads_mean_outputs():
+    """The mean a mean ablation substitutes, over a reference set: every position of every
+    sequence (mean), every position but each sequence's first (mean-keep-first)."""
+    from headhunt.heads.evaluations.task_ablation import reference_means
+
+    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, seed=3)
+    seqs = [[1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6]]
+    outs: dict[int, list] = {0: [], 1: []}
+
+    class Record(AttentionHook):
+        def after(self, call, output):
+            outs[call.layer].append(output[0].float())  # [t, hq, d]
+            return output
+
+    with torch.no_grad(), m.hooks(Record()):
+        for s in seqs:
+            m.forward(torch.tensor([s]), use_cache=False)
+    means = reference_means(m, seqs)
+    for la in (0, 1):
+        every = torch.cat(outs[la])
+        rest = torch.cat([o[1:] for o in outs[la]])
+        assert torch.allclose(means["mean"][la], every.mean(0), atol=1e-5)
+        assert torch.allclose(means["mean-keep-first"][la], rest.mean(0), atol=1e-5)
+
+
+def test_specificity_ablates_with_the_closed_book_mean(planted, tmp_path, monkeypatch):
+    """The specificity control's mean ablation puts in the heads' mean over the closed-book
+    reference prompts (none of them evaluated); closed_book keeps the task's mean."""
+    from headhunt.heads.evaluations import task_ablation as A
+    from headhunt.heads.inputs import task_inputs as I
+
+    assert not {p for p, _ in I.CLOSED_BOOK} & {p for p, _ in I.CLOSED_BOOK_REFERENCE}
+    m, _ = planted
+    made, used = [], []
+    real_means, real_ablation = A.reference_means, A.ablation
+
+    def spy_means(model, seqs):
+        made.append((seqs, real_means(model, seqs)))
+        return made[-1][1]
+
+    def spy_ablation(heads, mode, means):
+        used.append((mode, bool(heads), means))
+        return real_ablation(heads, mode, means)
+
+    monkeypatch.setattr(A, "reference_means", spy_means)
+    monkeypatch.setattr(A, "ablation", spy_ablation)
+    rows = [{"context": e.documents, "question": e.question, "answer": e.answer,
+             "lead": e.lead} for e in planted_examples(4)]  # fmt: skip
+    data = tmp_path / "task.jsonl"
+    data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
+    cfg = {"input": str(data), "score_examples": 2, "ks": [1], "random_draws": 1,
+           "modes": ["mean", "zero"], "random_from": ["all"]}  # fmt: skip
+    hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
+    assert len(made) == 1
+    ref = [p + a for p, a in I.closed_book_ids(m.tokenizer, I.CLOSED_BOOK_REFERENCE)]
+    assert made[0][0] == ref
+    closed_means = made[0][1]
+    mean_calls = [means for mode, heads, means in used if mode == "mean" and heads]
+    # each mean-ablated condition (3 detectors + 1 random) twice: the task, then specificity
+    assert len(mean_calls) == 2 * 4
+    assert sum(means is closed_means for means in mean_calls) == 4
 
 
 def test_row_probabilities_equal_attention_probs_at():
