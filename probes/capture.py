@@ -354,11 +354,13 @@ def greedy_decode(
     done = torch.zeros(b, dtype=torch.bool, device=dev)
     lengths = torch.zeros(b, dtype=torch.long, device=dev)
     tokens, argmax = [], []
+    if cache is None:
+        cache = cache_for_stateful(model.model)
     with model.hooks(*hooks):
         n = prompts.shape[1]
         m, pos = _mask_and_positions(mask, n - 1)
         out = _step(model, prompts[:, :-1], m, pos, cache)
-        past, cur = _cache(out), prompts[:, -1:]
+        past, cur = _cache(out, cache), prompts[:, -1:]
         extra = (cap,) if cap is not None else ()
         with model.hooks(*extra):
             for t in range(max_new_tokens):
@@ -372,7 +374,7 @@ def greedy_decode(
                     # argmax is taken (the row whose token t is its stop token is scored).
                     cap.skip_rows = done
                 out = _step(model, cur, m, pos, past)
-                past = _cache(out)
+                past = _cache(out, past)
                 nxt = out.logits[:, -1].argmax(-1)
                 tokens.append(nxt)
                 lengths += (~done).long()
@@ -432,12 +434,36 @@ def _step(model: HookedModel, ids: Tensor, mask, positions, cache):
     return model.model(ids, **kw)
 
 
-def _cache(output):
-    """The KV cache of a model output. The cache is the fourth positional argument of a causal
-    LM's forward, named ``past_key_values`` before transformers 5.2x and ``cache`` after."""
+def cache_for_stateful(model: torch.nn.Module) -> Any:
+    """A KV cache to hand a model that returns none (None for every other model, which makes
+    its own). RecurrentGemma keeps its recurrent state inside its modules and returns no
+    cache, yet its attention layers read and write the cache they are given: headhunt gives
+    it transformers' ``DynamicCache`` for its config, the one the model builds for itself, and
+    keeps decoding with it. Known by the forward's declared output, a dataclass without a
+    cache field."""
+    import inspect
+
+    out = inspect.signature(model.forward).return_annotation
+    fields = getattr(out, "__dataclass_fields__", None)
+    if fields is None or "cache" in fields or "past_key_values" in fields:
+        return None
+    if cache_kwarg(model) not in inspect.signature(model.forward).parameters:
+        return None
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _cache(output, given: Any = None):
+    """The KV cache of a model output (or ``given``, the cache the forward was handed, when the
+    model returns none: :func:`cache_for_stateful`). The cache is the fourth positional argument
+    of a causal LM's forward, named ``past_key_values`` before transformers 5.2x and ``cache``
+    after."""
     for name in ("cache", "past_key_values"):
         if output.get(name) is not None:
             return output[name]
+    if given is not None:
+        return given
     raise HeadhuntError(
         "the model returns no KV cache from a cached forward (it keeps its decoding state "
         "inside its modules); headhunt decodes with transformers' cache"

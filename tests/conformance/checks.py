@@ -85,16 +85,20 @@ class _DecodeRows(AttentionHook):
 def _eager_decode(pair: Pair, ids, mask, tokens):
     """The eager model decoding ``tokens`` after ``ids`` with its own KV cache: each step's
     logits and attention rows (placed at absolute key positions: the last key is the query)."""
-    from headhunt.probes.capture import _cache, cache_kwarg
+    from headhunt.probes.capture import _cache, cache_for_stateful, cache_kwarg
 
     total = ids.shape[1] + tokens.shape[1]
     pos = (torch.cat([mask, torch.ones_like(tokens)], 1).cumsum(-1) - 1).clamp_min(0)
     fmask = torch.cat([mask, torch.ones_like(tokens)], 1)
+    given = cache_for_stateful(pair.eager)  # RecurrentGemma returns no cache: hand it one
     with torch.no_grad():
         out = pair.eager(
-            ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, : ids.shape[1] - 1]
+            ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=pos[:, : ids.shape[1] - 1],
+            **({cache_kwarg(pair.eager): given} if given is not None else {}),
         )
-        cache, feed = _cache(out), ids[:, -1:]
+        cache, feed = _cache(out, given), ids[:, -1:]
         logits, rows = [], []
         for t in range(tokens.shape[1]):
             p = ids.shape[1] - 1 + t
@@ -105,7 +109,7 @@ def _eager_decode(pair: Pair, ids, mask, tokens):
                 output_attentions=True,
                 **{cache_kwarg(pair.eager): cache},
             )
-            cache, feed = _cache(out), tokens[:, t : t + 1]
+            cache, feed = _cache(out, cache), tokens[:, t : t + 1]
             logits.append(out.logits[:, -1])
             step = {}
             for layer, att in _by_layer(pair.hooked, out.attentions):

@@ -188,7 +188,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_next": "pass",
     "qwen4_exp": "refused: visible keys are not one interval",
     "qwen4_exp_text": "refused: visible keys are not one interval",
-    "recurrent_gemma": "refused: returns no KV cache",
+    "recurrent_gemma": "pass",
     "reformer": "refused: does not go through transformers' AttentionInterface",
     "rembert": "refused: no attention module with a layer index",
     "roberta": "pass",
@@ -335,3 +335,24 @@ def test_shared_block_layers_keep_the_models_indices():
     ids = torch.randint(3, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     got = capture_qk(hm, ids)
     assert not torch.allclose(got[1][0], got[3][0])
+
+
+def test_stateful_decoding_equals_recomputing():
+    """RecurrentGemma returns no cache (its recurrent state lives in its modules): headhunt
+    hands it a DynamicCache for its local-attention layer and decodes on, past its window of
+    8. The greedy tokens equal a full forward's over the decoded sequence, twice in a row (the
+    state left in the modules by the first decode does not leak into the second)."""
+    from headhunt.probes.capture import greedy_decode
+
+    from .conftest import padded_batch
+
+    pair = build_pair("recurrent_gemma")
+    ids, mask = padded_batch(64)
+    for _ in range(2):
+        dec = greedy_decode(pair.hooked, ids, attention_mask=mask, max_new_tokens=6)
+        seq = torch.cat([ids, dec.tokens], 1)
+        full = torch.cat([mask, torch.ones_like(dec.tokens)], 1)
+        pos = (full.cumsum(-1) - 1).clamp_min(0)
+        with torch.no_grad():
+            logits = pair.eager(seq, attention_mask=full, position_ids=pos, use_cache=False).logits
+        assert torch.equal(logits[:, ids.shape[1] - 1 : -1].argmax(-1), dec.tokens)
