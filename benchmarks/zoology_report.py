@@ -18,76 +18,109 @@ def stderr(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
-def accuracy_table(res: dict) -> str:
-    pairs = sorted({int(k) for r in res["runs"] for k in r["accuracy"]})
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / max(1, len(xs) - 1)
+    return mean, math.sqrt(var / len(xs))
+
+
+def best(res: dict) -> list[dict]:
+    """The reported run of each (model, width): the learning rate chosen on validation."""
+    chosen = {(b["arch"], b["width"], b["lr"]) for b in res.get("best", [])}
+    runs = [r for r in res["runs"] if (r["arch"], r["width"], r.get("lr")) in chosen]
+    return runs or [r for r in res["runs"] if "accuracy" in r]
+
+
+def accuracy_table(res: dict, runs: list[dict]) -> str:
+    pairs = sorted({int(k) for r in runs for k in r["accuracy"]})
     n = res.get("test_examples", 256)
-    head = "| model | width | params | steps | " + " | ".join(f"{p} pairs" for p in pairs) + " |"
-    lines = [head, "|" + "---|" * (4 + len(pairs))]
+    head = "| model | width | params | lr | steps | seconds | solved | "
+    head += " | ".join(f"{p} pairs" for p in pairs) + " |"
+    lines = [head, "|" + "---|" * (7 + len(pairs))]
     for arch in ARCH_ORDER:
-        for r in sorted((r for r in res["runs"] if r["arch"] == arch), key=lambda r: r["width"]):
+        for r in sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"]):
             cells = []
             for p in pairs:
                 a = r["accuracy"][str(p)]
                 cells.append(f"{a:.3f} ± {stderr(a, n * p):.3f}")
+            solved = min(r["val"].values()) >= res.get("solved_at", 1.0) if "val" in r else False
             lines.append(
-                f"| {arch} | {r['width']} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
-                + " | ".join(cells)
-                + " |"
+                f"| {arch} | {r['width']} | {r['params'] / 1e6:.2f}M | {r.get('lr', '')} | "
+                f"{r['steps']} | {r.get('train_s', r.get('seconds', ''))} | "
+                f"{'yes' if solved else 'no'} | " + " | ".join(cells) + " |"
             )
     return "\n".join(lines)
 
 
-def gap_closed(res: dict, pairs: int) -> list[str]:
+def gap_closed(runs: list[dict], pairs: int) -> list[str]:
     """Per width: the share of the attention-free -> attention gap the hybrid closes."""
     out = []
-    by = {(r["arch"], r["width"]): r["accuracy"][str(pairs)] for r in res["runs"]}
-    for w in sorted({r["width"] for r in res["runs"]}):
+    by = {(r["arch"], r["width"]): r["accuracy"][str(pairs)] for r in runs}
+    for w in sorted({r["width"] for r in runs}):
         att, hyb = by.get(("attention", w)), by.get(("hybrid", w))
         free = max(by.get(("mamba2", w), 0.0), by.get(("gated conv", w), 0.0))
         if att is None or hyb is None or att - free < 0.05:
-            out.append(f"- width {w}: no gap to close at {pairs} pairs")
+            out.append(f"- width {w}, {pairs} pairs: no gap to close")
             continue
         out.append(
-            f"- width {w}: attention {att:.3f}, best attention-free {free:.3f}, hybrid "
-            f"{hyb:.3f}: the hybrid closes {(hyb - free) / (att - free):.1%} of the gap"
+            f"- width {w}, {pairs} pairs: attention {att:.3f}, best attention-free {free:.3f}, "
+            f"hybrid {hyb:.3f}: the hybrid closes {(hyb - free) / (att - free):.1%} of the gap"
         )
     return out
 
 
-def masking_table(res: dict) -> str:
+def masking_table(runs: list[dict]) -> str:
     lines = [
-        "| model | width | attention layers | top heads (query->value) | their induction score "
-        "| accuracy | top heads masked | as many random heads masked (mean ± s.e., sets) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | width | pairs | attention layers | top heads (query->value) | induction "
+        "| accuracy | top 1 masked | 1 random (mean ± s.e., sets) | top 2 masked "
+        "| 2 random (mean ± s.e., sets) | all attention heads masked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    for arch in ("hybrid", "attention"):
+        for r in sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"]):
+            for pairs, h in sorted(r.get("heads", {}).items(), key=lambda kv: int(kv[0])):
+                top = h["ranked"][:2]
+                ind = [h["induction"][la][hd] for la, hd in top]
+                cells = []
+                for k in ("1", "2"):
+                    m = h["masking"][k]
+                    mean, se = mean_se(m["random"])
+                    cells += [f"{m['masked']:.3f}", f"{mean:.3f} ± {se:.3f} ({len(m['random'])})"]
+                lines.append(
+                    f"| {arch} | {r['width']} | {pairs} | {h['attention_layers']} | "
+                    f"{', '.join(f'{la}-{hd}' for la, hd in top)} | "
+                    f"{', '.join(f'{x:.2f}' for x in ind)} | {h['baseline']:.3f} | "
+                    + " | ".join(cells)
+                    + f" | {h['all_attention_masked']:.3f} |"
+                )
+    return "\n".join(lines)
+
+
+def sweep_table(res: dict) -> str:
+    """Every run of the sweep (each learning rate), with its validation accuracy."""
+    lines = ["| model | width | lr | steps | validation (4 / 16 / 64 pairs) | error |"]
+    lines.append("|---|---|---|---|---|---|")
     for r in res["runs"]:
-        h = r.get("heads")
-        if not h:
-            continue
-        ind = [h["induction"][la][hd] for la, hd in h["top_heads"]]
-        rand = h["masked_random"]
-        mean = sum(rand) / len(rand)
-        se = math.sqrt(sum((x - mean) ** 2 for x in rand) / max(1, len(rand) - 1) / len(rand))
-        tops = ", ".join(f"{la}-{hd}" for la, hd in h["top_heads"])
+        val = " / ".join(f"{v:.3f}" for v in r.get("val", {}).values()) if "val" in r else ""
+        err = r.get("error", r.get("heads_error", ""))[:80]
         lines.append(
-            f"| {r['arch']} | {r['width']} | {h['attention_layers']} | {tops} | "
-            f"{', '.join(f'{x:.2f}' for x in ind)} | {h['baseline']:.3f} | "
-            f"{h['masked_top']:.3f} | {mean:.3f} ± {se:.3f} ({len(rand)}) |"
+            f"| {r['arch']} | {r['width']} | {r.get('lr', '')} | {r.get('steps', '')} | {val} "
+            f"| {err} |"
         )
     return "\n".join(lines)
 
 
-def figure(res: dict, path: Path) -> None:
+def figure(res: dict, runs: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    pairs = sorted({int(k) for r in res["runs"] for k in r["accuracy"]})
+    pairs = sorted({int(k) for r in runs for k in r["accuracy"]})
     fig = make_subplots(rows=1, cols=len(pairs), subplot_titles=[f"{p} pairs" for p in pairs])
     colors = {"attention": "#1f77b4", "hybrid": "#2ca02c", "mamba2": "#ff7f0e"}
     colors["gated conv"] = "#d62728"
     for c, p in enumerate(pairs, start=1):
         for arch in ARCH_ORDER:
-            rs = sorted((r for r in res["runs"] if r["arch"] == arch), key=lambda r: r["width"])
+            rs = sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"])
             fig.add_trace(
                 go.Scatter(
                     x=[r["width"] for r in rs],
@@ -115,13 +148,17 @@ def figure(res: dict, path: Path) -> None:
 def main() -> None:
     src = Path(sys.argv[1])
     res = json.loads(src.read_text())
+    runs = best(res)
     docs = Path(__file__).parents[1] / "docs"
-    figure(res, docs / "zoology.html")
-    print(accuracy_table(res))
+    figure(res, runs, docs / "zoology.html")
+    print(accuracy_table(res, runs))
     print()
-    print("\n".join(gap_closed(res, 64)))
+    for pairs in (16, 64):
+        print("\n".join(gap_closed(runs, pairs)))
     print()
-    print(masking_table(res))
+    print(masking_table(runs))
+    print()
+    print(sweep_table(res))
 
 
 if __name__ == "__main__":

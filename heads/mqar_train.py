@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from jaxtyping import Int
+from torch import Tensor, nn
 
 from headhunt.errors import HeadhuntError
-from headhunt.heads.inputs.mqar_inputs import MQARSpec, generate_mqar
+from headhunt.heads.inputs.mqar_inputs import MQARBatch, MQARSpec, generate_mqar
 from headhunt.probes.hooked import HookedModel
 
 
@@ -182,6 +183,82 @@ def build_model(cfg: MQARTrainConfig):
         layer.mlp = NoMLP()
     model.config.architectures = ["LlamaForCausalLM"]
     return model
+
+
+@dataclass
+class MQARPool:
+    """MQAR examples of several pair counts in one set, queries padded to the largest count, so
+    that one training step draws one mixed batch (Zoology's mixture of train configs, e.g.
+    HazyResearch/zoology ``zoology/experiments/paper_configs/arxiv24_based_figure2/configs.py``).
+
+    Attributes:
+        ids: [m, n] input tokens.
+        query_pos: [m, q] query positions, padded with 0.
+        target: [m, q] the value at each query, -100 in the padding (ignored by the loss).
+        n_pairs: [m] each example's pair count.
+    """
+
+    ids: Int[Tensor, "m n"]
+    query_pos: Int[Tensor, "m q"]
+    target: Int[Tensor, "m q"]
+    n_pairs: Int[Tensor, " m"]
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def to(self, device: torch.device | str) -> MQARPool:
+        return MQARPool(
+            *(t.to(device) for t in (self.ids, self.query_pos, self.target, self.n_pairs))
+        )
+
+    def batch(self, index: Int[Tensor, " b"]) -> tuple[Tensor, Tensor, Tensor]:
+        """``(ids, query_pos, target)`` of the examples at ``index`` (on the pool's device:
+        no host round trip)."""
+        return self.ids[index], self.query_pos[index], self.target[index]
+
+
+def mqar_pool(batches: list[MQARBatch]) -> MQARPool:
+    """One :class:`MQARPool` of ``batches`` (one per pair count, same sequence length)."""
+    if len({b.ids.shape[1] for b in batches}) != 1:
+        raise HeadhuntError("an MQAR pool needs one sequence length")
+    width = max(b.query_pos.shape[1] for b in batches)
+
+    def pad(t: Tensor, value: int) -> Tensor:
+        return nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return MQARPool(
+        ids=torch.cat([b.ids for b in batches]),
+        query_pos=torch.cat([pad(b.query_pos, 0) for b in batches]),
+        target=torch.cat([pad(b.target, -100) for b in batches]),
+        n_pairs=torch.cat([torch.full((len(b),), b.query_pos.shape[1]) for b in batches]),
+    )
+
+
+def query_logits(model, ids: Int[Tensor, "b n"], query_pos: Int[Tensor, "b q"]) -> Tensor:
+    """[b, q, vocab] logits at the query positions only: the logits of every position
+    ([b, n, vocab], vocab 8192 in Zoology) would cost more than the rest of a small model."""
+    hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    picked = hidden.gather(1, query_pos[..., None].expand(-1, -1, hidden.shape[-1]))
+    return model.get_output_embeddings()(picked)
+
+
+def query_loss(model, ids: Tensor, query_pos: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy at the query positions (targets of -100 are padding), as Zoology's loss on
+    the labelled positions only."""
+    logits = query_logits(model, ids, query_pos)
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+def query_accuracy(model, batch: MQARBatch, batch_size: int = 256) -> float:
+    """Fraction of ``batch``'s queries whose argmax over the whole vocabulary is the value."""
+    device = next(model.parameters()).device
+    hits = []
+    with torch.no_grad():
+        for s in range(0, len(batch), batch_size):
+            qp = batch.query_pos[s : s + batch_size].to(device)
+            logits = query_logits(model, batch.ids[s : s + batch_size].to(device), qp)
+            hits.append((logits.argmax(-1).cpu() == batch.target[s : s + batch_size]).float())
+    return float(torch.cat(hits).mean())
 
 
 def _accuracy(model, batch) -> float:
