@@ -85,17 +85,28 @@ class HookedModel:
             return
         try:
             self.n_layers: int = cfg.num_hidden_layers
-            self.n_heads: int = cfg.num_attention_heads
+            self.n_heads: int = _one_query_head_count(cfg, self.n_layers, self.model)
             self.d_model: int = cfg.hidden_size
             # Each layer's head size (Gemma 4's global layers have larger heads than its
             # sliding ones); ``head_dim`` is the one size where all layers share it.
             self.head_dims: list[int] = _per_layer_head_dims(cfg, self.n_layers, self.n_heads)
-            self.n_kv_heads: int = _one_kv_head_count(cfg, self.n_layers, self.n_heads, self.model)
+            # Each layer's number of key heads (Gemma 4's larger models give their global
+            # layers fewer, with ``attention_k_eq_v``); ``n_kv_heads`` is the one count where
+            # all layers share it.
+            self.kv_head_counts: list[int] = _per_layer_kv_heads(cfg, self.n_layers, self.n_heads)
             # The text vocabulary (a multimodal model's top-level config has none).
             self.vocab_size: int | None = getattr(cfg, "vocab_size", None)
         except HeadhuntError:
             raise
         except Exception as e:  # recurrent configs lack heads; some vary them per layer
+            cross = [
+                m for m in attention.attention_modules(self.model) if "Cross" in type(m).__name__
+            ]
+            if cross:  # BLT: byte encoder and decoder cross-attend to a latent transformer
+                raise HeadhuntError(
+                    f"{type(self.model).__name__} has cross-attention ({type(cross[0]).__name__}) "
+                    "and no one decoder stack; headhunt captures decoder-only self-attention"
+                ) from None
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise HeadhuntError(
                 f"{type(self.model).__name__}: no single attention shape in its config "
@@ -211,7 +222,7 @@ class HookedModel:
                 f"{type(self.model).__name__}: no attention and no layer count in its config "
                 f"({str(e).splitlines()[0][:120]})"
             ) from None
-        self.n_heads, self.n_kv_heads, self.head_dims = 0, 0, []
+        self.n_heads, self.head_dims, self.kv_head_counts = 0, [], []
         self.vocab_size = getattr(cfg, "vocab_size", None)
         self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
         kinds = getattr(cfg, "layer_types", None)
@@ -232,7 +243,7 @@ class HookedModel:
         implementation exactly once, with a call headhunt can reproduce (else a one-line
         refusal naming the layer)."""
         seen: dict[int, int] = {}
-        kv_heads: set[int] = set()  # the key heads the calls carry
+        kv_heads: dict[int, int] = {}  # layer -> the key heads its call carries
         outputs: dict[int, Tensor] = {}  # what each layer's attention returned
         projected: dict[int, Tensor] = {}  # what its output projection then read
 
@@ -241,7 +252,7 @@ class HookedModel:
 
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
-                kv_heads.add(call.key.shape[1])
+                kv_heads[call.layer] = call.key.shape[1]
 
             def after(self, call: attention.AttentionCall, output: Tensor) -> Tensor:
                 outputs[call.layer] = output.reshape(*output.shape[:2], -1)
@@ -287,10 +298,11 @@ class HookedModel:
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
                 "times per forward (e.g. differential attention); headhunt reads one call"
             )
-        if self.routed_modules and len(kv_heads) == 1:
+        if self.routed_modules and kv_heads:
             # An older config names its key heads its own way (Falcon's multi_query: one key
             # head for all): the calls say how many keys each query head is grouped over.
-            self.n_kv_heads = kv_heads.pop()
+            for layer, count in kv_heads.items():
+                self.kv_head_counts[layer] = count
         for i, read in projected.items():
             out = outputs.get(i)
             if out is None or out.shape != read.shape or not torch.equal(out, read):
@@ -409,6 +421,36 @@ class HookedModel:
         self.head_dims = [size] * self.n_layers
 
     @property
+    def _n_kv_heads(self) -> int | None:
+        """The number of key heads all attention layers share, or None where it varies."""
+        counts = {self.kv_head_counts[i] for i in self.attention_layers} or {0}
+        return counts.pop() if len(counts) == 1 else None
+
+    @property
+    def n_kv_heads(self) -> int:
+        """The number of key heads all layers share; refused in one line where it varies per
+        layer (Gemma 4 with ``attention_k_eq_v``): a caller that groups query heads by key head
+        with one group size for the whole model cannot measure it (per-layer counts are in
+        ``kv_head_counts``; captures read each layer's keys off its call)."""
+        if self._n_kv_heads is None:
+            counts = sorted({self.kv_head_counts[i] for i in self.attention_layers})
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: the number of key heads varies per layer "
+                f"({counts}); this measurement groups query heads by key head with one group "
+                "size for the whole model"
+            )
+        return self._n_kv_heads
+
+    @n_kv_heads.setter
+    def n_kv_heads(self, count: int) -> None:
+        self.kv_head_counts = [count] * self.n_layers
+
+    def kv_heads_or_none(self) -> int | None:
+        """The shared number of key heads for a score table's key-head grouping, None where
+        it varies per layer (the table then groups nothing)."""
+        return self._n_kv_heads
+
+    @property
     def group_size(self) -> int:
         """Query heads per KV head."""
         return self.n_heads // self.n_kv_heads
@@ -433,7 +475,8 @@ class HookedModel:
             "class": type(self.model).__name__,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
+            "n_kv_heads": self._n_kv_heads,
+            **({"kv_heads": self.kv_head_counts} if self._n_kv_heads is None else {}),
             "head_dim": self._head_dim,
             **({"head_dims": self.head_dims} if self._head_dim is None else {}),
             "d_model": self.d_model,
@@ -658,20 +701,29 @@ def _per_layer_head_dims(cfg, n_layers: int, n_heads: int) -> list[int]:
     return sizes
 
 
-def _one_kv_head_count(cfg, n_layers: int, n_heads: int, model) -> int:
-    """The number of key heads, which every layer must share: head scores group query heads
-    by key head with one group size (Gemma 4's larger models give their global layers fewer
-    key heads; those are refused in one line)."""
+def _one_query_head_count(cfg, n_layers: int, model) -> int:
+    """The number of query heads, which every layer must share (a head is a column of every
+    score matrix): read per layer where the config keeps it per layer (dots3)."""
+    if getattr(cfg, "per_layer_config", None) is None:
+        return cfg.num_attention_heads
     counts = [
-        getattr(_layer_config(cfg, layer), "num_key_value_heads", None) or n_heads
-        for layer in range(n_layers)
+        getattr(_layer_config(cfg, i), "num_attention_heads", None) or cfg.num_attention_heads
+        for i in range(n_layers)
     ]
     if len(set(counts)) > 1:
         raise HeadhuntError(
-            f"{type(model).__name__}: the number of key heads varies per layer ({sorted(set(counts))}); headhunt groups "
-            "query heads by key head with one group size for the whole model"
+            f"{type(model).__name__}: the number of query heads varies per layer "
+            f"({sorted(set(counts))}); headhunt's score tables hold one set of heads per layer"
         )
     return counts[0]
+
+
+def _per_layer_kv_heads(cfg, n_layers: int, n_heads: int) -> list[int]:
+    """Each layer's number of key heads, read from that layer's config."""
+    return [
+        getattr(_layer_config(cfg, layer), "num_key_value_heads", None) or n_heads
+        for layer in range(n_layers)
+    ]
 
 
 def _text_config(config):

@@ -195,7 +195,9 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
             recall,
         )
         n_queries = heads_cell.query_pos.numel()
-        scores = recall_scores(recall, n_queries, n_kv_heads=model.n_kv_heads, n_pairs=hn, gap=hgap)
+        scores = recall_scores(
+            recall, n_queries, n_kv_heads=model.kv_heads_or_none(), n_pairs=hn, gap=hgap
+        )
         ctx.timings["heads_s"] = time.perf_counter() - t2
 
         # 3. Masking: the top-k recall heads against random sets of as many other heads (the

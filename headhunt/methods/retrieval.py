@@ -86,8 +86,11 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         reference = R.reference_json(records, model.n_layers, model.n_heads)
         ctx.write("retrieval_heads.json", reference, indent=None, end="")
         mean = scores.matrix(R.METRIC)
-        kv = R.kv_group_table(mean, model.n_kv_heads, config.kv_aggregate)
-        ctx.write("duo_attention.tsv", kv, fmt="%.6f")
+        if model.kv_heads_or_none() is not None:
+            kv = R.kv_group_table(mean, model.n_kv_heads, config.kv_aggregate)
+            ctx.write("duo_attention.tsv", kv, fmt="%.6f")
+        else:  # one row of KV heads per layer needs one count of them
+            ctx.extra["duo_attention.tsv"] = "not written: the number of key heads varies per layer"
         heatmap = head_heatmap(mean, f"Retrieval score: {model.name}", "retrieval score")
         ctx.write("retrieval_heatmap.html", heatmap)
         ctx.extra["summary"] = {

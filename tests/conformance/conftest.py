@@ -208,12 +208,13 @@ class Pair:
     eager: torch.nn.Module  # the same weights, transformers' eager attention, no headhunt
 
 
-def build_pair(family: str) -> Pair:
-    """The family's tiny model wrapped by headhunt, and an untouched eager copy."""
+def build_pair(family: str, **extra) -> Pair:
+    """The family's tiny model wrapped by headhunt, and an untouched eager copy (``extra``:
+    config fields set on top of the family's overrides, for a variant of the family)."""
     from headhunt.probes.hooked import HookedModel
     from headhunt.probes.tiny import tiny_causal_lm
 
-    overrides = copy.deepcopy(OVERRIDES.get(family, {}))
+    overrides = copy.deepcopy({**OVERRIDES.get(family, {}), **extra})
     with time_limit(60, family):
         try:
             model = tiny_causal_lm(family, **overrides)

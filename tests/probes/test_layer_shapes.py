@@ -69,10 +69,15 @@ def test_kv_shared_layers_are_captured_at_every_query(gemma4):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_key_heads_varying_per_layer_are_refused_in_one_line():
+def test_key_heads_varying_per_layer_are_captured_per_layer():
+    """Gemma 4 with ``attention_k_eq_v``: each layer keeps its own key-head count (captured
+    exactly: tests/conformance); one count for the whole model is refused in one line."""
     model = tiny_causal_lm(
         "gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1, **GEMMA4
     )
+    hm = HookedModel(model=model, tokenizer=None, name="gemma4_text")
+    assert hm.kv_head_counts == [2, 1, 2, 1] and hm.kv_heads_or_none() is None
+    assert hm.describe()["n_kv_heads"] is None
     with pytest.raises(HeadhuntError, match="number of key heads varies per layer") as err:
-        HookedModel(model=model, tokenizer=None, name="gemma4_text")
+        _ = hm.n_kv_heads
     assert "\n" not in str(err.value)
