@@ -31,6 +31,7 @@ layer's own mask, window and softcap.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,10 +99,15 @@ class TaskCapture(AttentionHook):
         if call.query.shape[0] != 1 or call.key_start != 0:
             raise HeadhuntError("task heads are captured one whole sequence at a time")
         kw = call.kernel_kwargs()
-        s, e = self.rows
+        # rows are positions in the sequence; a pass over a cached prefix has its query rows
+        # from q_offset on (every key from 0: key_start is 0)
+        off = call.q_offset
+        s, e = self.rows[0] - off, self.rows[1] - off
+        if s < 0:
+            raise HeadhuntError("task heads: the question's rows are in the cached prefix")
         self.mass[call.layer] = self._mass(call, kw, s, e)
         if self.answer_rows is not None:
-            self._answer(call, kw, *self.answer_rows)
+            self._answer(call, kw, self.answer_rows[0] - off, self.answer_rows[1] - off)
 
     def _lse(self, call: AttentionCall, kw: dict, s: int, e: int):
         from headhunt.kernels import attention_stats
@@ -151,7 +157,8 @@ class OutputSum(AttentionHook):
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
         out = output[0].detach().float()
         self.total[call.layer] = self.total.get(call.layer, 0) + out.sum(0).cpu()  # [hq, d]
-        self.first[call.layer] = self.first.get(call.layer, 0) + out[0].cpu()
+        first = out[0].cpu() if call.q_offset == 0 else torch.zeros_like(out[0].cpu())
+        self.first[call.layer] = self.first.get(call.layer, 0) + first  # a cached pass: none
         if call.layer == 0:
             self.count += output.shape[1]
         return output
@@ -204,12 +211,13 @@ def rms(norm: torch.nn.Module, x: Float[Tensor, "*rows d_model"]) -> Float[Tenso
 class _FinalResidual:
     """Forward pre-hook of the final norm: keeps its input at chosen rows."""
 
-    def __init__(self, norm: torch.nn.Module, rows: tuple[int, int]):
-        self.rows, self.x = rows, None
+    def __init__(self, norm: torch.nn.Module, rows: tuple[int, int], offset: int = 0):
+        self.rows, self.x, self.offset = rows, None, offset  # offset: tokens in a cache
         self.handle = norm.register_forward_pre_hook(self)
 
     def __call__(self, module, args):
-        self.x = args[0][0, self.rows[0] : self.rows[1]].detach().float()
+        s, e = self.rows[0] - self.offset, self.rows[1] - self.offset
+        self.x = args[0][0, s:e].detach().float()
 
 
 # ---------------------------------------------------------------- one example
@@ -263,11 +271,43 @@ class ExampleResult:
                    tokens=r["tokens"])  # fmt: skip
 
 
+def shared_prefix(enc: Encoded) -> int:
+    """Tokens the teacher-forced and the null prompt share before either question: the
+    documents' keys and values, which the null pass can take from the first pass's cache."""
+    n = min(enc.question[0], enc.null_question[0])
+    for i in range(n):
+        if enc.ids[i] != enc.null_ids[i]:
+            return i
+    return n
+
+
+def _full_cache(model: HookedModel):
+    """A KV cache that keeps every key of every layer (sliding layers too: the model's mask
+    applies their window; a cache that drops keys would move key 0), or None for a model
+    with layers other than attention (a hybrid's recurrent state needs its own cache class;
+    then both passes run whole)."""
+    from transformers import DynamicCache
+
+    if list(model.attention_layers) != list(range(model.n_layers)):
+        return None
+    return DynamicCache()
+
+
 @torch.inference_mode()
 def score_example(
-    model: HookedModel, enc: Encoded, *, extra_hooks: Sequence[AttentionHook] = ()
+    model: HookedModel,
+    enc: Encoded,
+    *,
+    extra_hooks: Sequence[AttentionHook] = (),
+    reuse_prefix: bool = True,
 ) -> ExampleResult:
-    """The three detectors for one example: the teacher-forced pass and the null pass."""
+    """The three detectors for one example: the teacher-forced pass and the null pass.
+
+    With ``reuse_prefix`` the documents run once: a pass over the shared prefix (BOS,
+    instruction, documents) fills a KV cache, the teacher-forced suffix (question, frame,
+    answer) runs on it, the cache is cut back to the prefix and the null suffix runs on it.
+    The same numbers as two whole passes (tested), at about one pass's cost at long context.
+    """
     from headhunt.sae.activations import output_projection
 
     dev = model.device
@@ -276,20 +316,35 @@ def score_example(
     answer_rows = (a0 - 1, len(ids) - 1)  # row t predicts answer token t
     cap = TaskCapture(enc.doc_spans, enc.evidence, enc.question, answer_rows)
     norm = final_norm(model)
-    resid = _FinalResidual(norm, answer_rows)
+    p = shared_prefix(enc) if reuse_prefix else 0
+    cache = _full_cache(model) if p > 0 else None
+    if cache is None:
+        p = 0
+    kv: dict = {"use_cache": False}
+    if cache is not None:  # newer transformers call the argument `cache`
+        takes = inspect.signature(model.model.forward).parameters
+        kv = {"use_cache": True, "cache" if "cache" in takes else "past_key_values": cache}
+    if p:
+        with model.hooks(*extra_hooks):
+            model.forward(torch.tensor([ids[:p]], device=dev), logits_to_keep=1, **kv)
+    resid = _FinalResidual(norm, answer_rows, offset=p)
     try:
         with model.hooks(cap, *extra_hooks):
-            out = model.forward(torch.tensor([ids], device=dev), use_cache=False,
-                                logits_to_keep=n_ans + 1)  # fmt: skip
+            out = model.forward(torch.tensor([ids[p:]], device=dev),
+                                logits_to_keep=n_ans + 1, **kv)  # fmt: skip
     finally:
         resid.handle.remove()
     logits = out.logits[0, :n_ans].float()
     gold = torch.tensor(ids[a0:], device=logits.device)
     correct = bool((logits.argmax(-1) == gold).all())
+    del out
 
     null = TaskCapture(enc.doc_spans, enc.evidence, enc.null_question)
+    if cache is not None:  # (a negative count removes tokens in every transformers 5)
+        cache.crop(-(cache.get_seq_length() - p))
     with model.hooks(null):
-        model.forward(torch.tensor([enc.null_ids], device=dev), use_cache=False, logits_to_keep=1)
+        model.forward(torch.tensor([enc.null_ids[p:]], device=dev), logits_to_keep=1, **kv)
+    del cache, kv
 
     L, H = model.n_layers, model.n_heads
     ids_t = torch.tensor(ids)

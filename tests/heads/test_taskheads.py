@@ -280,6 +280,45 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     assert (table[(table.detector == "copy") & (table.k == 2)].random_outside == 1.0).all()
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_reusing_the_documents_cache_gives_the_scores_of_two_whole_passes(family):
+    """The null pass on the documents' KV cache (and the teacher-forced suffix after a cached
+    prefix) gives every detector's numbers and the output sums of two whole passes; on a tiny
+    Gemma 3 the prompt runs past its sliding window (8 tokens)."""
+    tok = word_tokenizer()
+    if family == "llama":
+        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, tokenizer=tok, seed=2)
+    else:
+        m = HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=1),
+                        tokenizer=tok, name="tiny-gemma3")  # fmt: skip
+    enc = Encoder(tok, m.max_context).encode(planted_examples(2)[1])
+    assert T.shared_prefix(enc) == enc.question[0] > enc.doc_spans[-1][1] > 8
+    sums = {True: T.OutputSum(), False: T.OutputSum()}
+    rows: dict[bool, list[int]] = {True: [], False: []}
+
+    class Rows(AttentionHook):
+        def __init__(self, reuse):
+            self.reuse = reuse
+
+        def before(self, call):
+            if call.layer == 0:
+                rows[self.reuse].append(call.query.shape[2])
+
+    got = {r: T.score_example(m, enc, extra_hooks=[sums[r], Rows(r)], reuse_prefix=r)
+           for r in sums}  # fmt: skip
+    p = enc.question[0]  # the documents ran once: prefix, then the two suffixes on the cache
+    assert rows[True] == [p, len(enc.ids) - p] and rows[False] == [len(enc.ids)]
+    a, b = got[True], got[False]
+    assert a.correct == b.correct
+    for name in ("copy", "mass", "null_mass", "write_evidence", "write_other"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-4)
+    assert sums[True].count == sums[False].count == len(enc.ids)
+    for la in range(m.n_layers):
+        torch.testing.assert_close(sums[True].total[la], sums[False].total[la], atol=1e-4,
+                                   rtol=1e-4)  # fmt: skip
+        torch.testing.assert_close(sums[True].first[la], sums[False].first[la])
+
+
 def test_reference_means_are_the_heads_mean_outputs():
     """The mean a mean ablation substitutes, over a reference set: every position of every
     sequence (mean), every position but each sequence's first (mean-keep-first)."""
