@@ -79,19 +79,22 @@ class HeadScores:
         metric: str,
         values: Float[np.ndarray, "layers heads"] | Any,
         *,
-        n_kv_heads: int | None = None,
+        n_kv_heads: int | Sequence[int] | None = None,
         **extra: Any,
     ) -> HeadScores:
-        """Build rows from a [layers, heads] matrix; ``kv_head`` is ``head // group``."""
+        """Build rows from a [layers, heads] matrix; ``kv_head`` is ``head // group``, with
+        one group size, or each layer's where ``n_kv_heads`` lists a count per layer (Gemma 4
+        with ``attention_k_eq_v``)."""
         values = np.asarray(values, dtype=float)
         n_layers, n_heads = values.shape
-        group = n_heads // (n_kv_heads or n_heads)
+        counts = np.broadcast_to(np.asarray(n_kv_heads or n_heads), (n_layers,))
+        group = n_heads // np.where(counts > 0, counts, n_heads)  # 0: a layer with no heads
         layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
         df = pd.DataFrame(
             {
                 "layer": layer.ravel(),
                 "head": head.ravel(),
-                "kv_head": head.ravel() // group,
+                "kv_head": (head // group[:, None]).ravel(),
                 "metric": metric,
                 "value": values.ravel(),
             }

@@ -202,7 +202,7 @@ def score_recall_heads(
     res = run_mqar(model, probe, batch_size=batch_size, score_heads=True)
     assert res.recall is not None
     n = probe.query_pos.numel()
-    return recall_scores(res.recall, n, n_kv_heads=model.kv_heads_or_none()), res
+    return recall_scores(res.recall, n, n_kv_heads=model.score_kv_heads()), res
 
 
 def masking_check(

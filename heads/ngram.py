@@ -475,7 +475,7 @@ def score_ngrams(
         recs = score_sequences(
             model, seqs, cfg, batch_size=batch_size, progress=progress, desc=source
         )
-        tables.append(summarize(recs, cfg, n_kv_heads=model.kv_heads_or_none(), source=source))
+        tables.append(summarize(recs, cfg, n_kv_heads=model.score_kv_heads(), source=source))
     return HeadScores.concat(tables)
 
 

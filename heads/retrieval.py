@@ -212,7 +212,7 @@ def aggregate(records: Iterable[dict[str, Any]], model: HookedModel) -> HeadScor
     mean, std, att = (np.array(x, dtype=float) for x in (mean, std, att))
     for x in (mean, std, att):
         x[other] = np.nan
-    kv = model.kv_heads_or_none()  # None: key heads vary per layer, no grouping
+    kv = model.score_kv_heads()  # each layer's count where it varies
     return HeadScores.concat(
         [
             HeadScores.from_matrix(METRIC, mean, n_kv_heads=kv),

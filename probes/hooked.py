@@ -445,10 +445,10 @@ class HookedModel:
     def n_kv_heads(self, count: int) -> None:
         self.kv_head_counts = [count] * self.n_layers
 
-    def kv_heads_or_none(self) -> int | None:
-        """The shared number of key heads for a score table's key-head grouping, None where
-        it varies per layer (the table then groups nothing)."""
-        return self._n_kv_heads
+    def score_kv_heads(self) -> int | list[int]:
+        """What a score table groups query heads by (``HeadScores.from_matrix``'s
+        ``n_kv_heads``): the shared number of key heads, or each layer's where it varies."""
+        return self._n_kv_heads if self._n_kv_heads is not None else list(self.kv_head_counts)
 
     @property
     def group_size(self) -> int:

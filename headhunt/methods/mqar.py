@@ -196,7 +196,7 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         )
         n_queries = heads_cell.query_pos.numel()
         scores = recall_scores(
-            recall, n_queries, n_kv_heads=model.kv_heads_or_none(), n_pairs=hn, gap=hgap
+            recall, n_queries, n_kv_heads=model.score_kv_heads(), n_pairs=hn, gap=hgap
         )
         ctx.timings["heads_s"] = time.perf_counter() - t2
 

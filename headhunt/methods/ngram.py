@@ -156,7 +156,7 @@ manifest.json, scores.parquet, orders.csv, summary.json, ngram.html."""
                 f"records-{source}.jsonl", list(range(len(seqs))), key=lambda r: r["index"]
             )
             recs = [SeqRecord.from_dict(r) for r in records]
-            scores = summarize(recs, config, n_kv_heads=model.kv_heads_or_none(), source=source)
+            scores = summarize(recs, config, n_kv_heads=model.score_kv_heads(), source=source)
             tables.append(scores)
             summary[source] = {
                 "sequences": len(seqs),

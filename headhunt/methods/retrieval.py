@@ -86,7 +86,7 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
         reference = R.reference_json(records, model.n_layers, model.n_heads)
         ctx.write("retrieval_heads.json", reference, indent=None, end="")
         mean = scores.matrix(R.METRIC)
-        if model.kv_heads_or_none() is not None:
+        if isinstance(model.score_kv_heads(), int):
             kv = R.kv_group_table(mean, model.n_kv_heads, config.kv_aggregate)
             ctx.write("duo_attention.tsv", kv, fmt="%.6f")
         else:  # one row of KV heads per layer needs one count of them

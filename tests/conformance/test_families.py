@@ -376,6 +376,10 @@ def test_per_layer_key_head_counts_conform(zeroed):
     ids = torch.randint(3, 9, (2, 16), generator=torch.Generator().manual_seed(0))
     table = score_ngrams(hm, {"random": ids}, NgramConfig(exclude_bos=False))
     assert table.matrix("induction", source="random").shape == (4, 4)
+    rows = table.df[table.df.metric == "induction"].drop_duplicates(["layer", "head"])
+    kv = rows.set_index(["layer", "head"]).kv_head
+    assert [kv[(0, h)] for h in range(4)] == [0, 0, 1, 1]  # 2 key heads: groups of 2
+    assert [kv[(1, h)] for h in range(4)] == [0, 0, 0, 0]  # 1 key head for all 4
     with pytest.raises(HeadhuntError) as err:
         _ = hm.group_size
     assert "\n" not in str(err.value) and "key heads varies per layer" in str(err.value)

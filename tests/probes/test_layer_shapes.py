@@ -76,7 +76,7 @@ def test_key_heads_varying_per_layer_are_captured_per_layer():
         "gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1, **GEMMA4
     )
     hm = HookedModel(model=model, tokenizer=None, name="gemma4_text")
-    assert hm.kv_head_counts == [2, 1, 2, 1] and hm.kv_heads_or_none() is None
+    assert hm.kv_head_counts == [2, 1, 2, 1] and hm.score_kv_heads() == [2, 1, 2, 1]
     assert hm.describe()["n_kv_heads"] is None
     with pytest.raises(HeadhuntError, match="number of key heads varies per layer") as err:
         _ = hm.n_kv_heads
