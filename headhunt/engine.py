@@ -297,8 +297,8 @@ def execute(
         t0 = time.perf_counter()
         if model is None:
             model = method.load(spec)
-        if getattr(model, "attention_free", False):  # every method scores heads: refuse now
-            model._refuse_attention_free()
+        if getattr(model, "attention_free", False) and not method.runs_attention_free:
+            model._refuse_attention_free()  # a method that only scores heads: refuse now
         check_same_model(run_dir, model, write=dist.is_main)
         ctx = RunContext(
             run_dir, dist, progress=progress, method=method.name, device=model.device.type

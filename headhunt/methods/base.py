@@ -75,6 +75,9 @@ class Method:
             :data:`CIRCUIT`).
         glossary: what its own metrics mean (name -> :class:`MetricInfo`), for metrics that
             ``headhunt.views.glossary`` does not define.
+        runs_attention_free: whether it measures a model with no attention layers (Mamba,
+            RWKV, ...) from its logits alone, skipping its head parts; the other methods refuse
+            such a model in one line as soon as it is loaded.
     """
 
     name: ClassVar[str]
@@ -86,6 +89,7 @@ class Method:
     top: ClassVar[int] = 15
     panels: ClassVar[frozenset[str]] = frozenset()
     glossary: ClassVar[dict[str, MetricInfo]] = {}
+    runs_attention_free: ClassVar[bool] = False
 
     def prepare(self, config: MethodConfig) -> None:
         """Checks that need no model (files, cross-field rules): run before it loads."""

@@ -147,9 +147,14 @@ the number of pairs and the gap; the recall heads (mean attention from each quer
 value in the context: query_to_value; to the key: query_to_key; from each context value to its
 key: value_to_key) on the --heads-cell; and accuracy with the --top-k recall heads masked
 against --random-sets sets of as many random other heads. Writes manifest.json,
-scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.html."""
+scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.html.
+
+A model with no attention layers (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM) gets the
+accuracy grid only (Zoology's comparison of attention with attention-free models): no recall
+heads, no masking, an empty scores table."""
     units = "grid cells and masking sets"
     top = 10
+    runs_attention_free = True
 
     def parameters(self, config: MQARConfig, model: str) -> dict[str, Any]:
         keys = ("layout", "pairs", "tokens_per_pair", "gaps", "examples", "power_a", "heads_cell")
@@ -178,10 +183,13 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
         c = config
         cells = CellBuilder(model, c, getattr(model, "mqar_config", None))
         _check_sizes(model, c, cells)
+        grid = [(n, g) for g in c.gaps for n in c.pairs]
+        if model.attention_free:  # the accuracy grid is all there is to measure
+            _run_cells(model, c, ctx, cells, grid, None)
+            return _accuracy_only(model, c, ctx, cells, grid)
         hn, hgap = c.heads_cell
         heads_cell = cells(hn, hgap, c.head_examples, salt=1)
         # 1. The accuracy grid (one record per cell) and the heads cell, dealt over the ranks.
-        grid = [(n, g) for g in c.gaps for n in c.pairs]
         _run_cells(model, c, ctx, cells, grid, heads_cell)
 
         # 2. Recall heads on the heads cell (every rank reads the one record).
@@ -234,7 +242,37 @@ scores.parquet, accuracy.csv, distance.csv, masking.json, summary.json and mqar.
     def show(self, run, top: int) -> None:
         import pandas as pd
 
-        show(pd.read_csv(run.path / "accuracy.csv"), run.scores(), run.json("masking.json"), top)
+        acc = pd.read_csv(run.path / "accuracy.csv")
+        if not (run.path / "masking.json").exists():  # a model with no attention layers
+            show_accuracy(acc)
+            print("No attention layers: no recall heads to score or mask.")
+            return
+        show(acc, run.scores(), run.json("masking.json"), top)
+
+
+def _accuracy_only(model, c: MQARConfig, ctx, cells: CellBuilder, grid):
+    """The run of a model with no attention layers: the accuracy grid, its tables and figure,
+    and an empty scores table (there is no head to score)."""
+    import pandas as pd
+
+    from headhunt.scores import COLUMNS, HeadScores
+
+    cell_recs = ctx.collect(CELLS, grid, key=lambda r: (r["n_pairs"], r["gap"]))
+    if cell_recs is None:
+        return None
+    acc = accuracy_table(cell_recs)
+    ctx.write("accuracy.csv", acc)
+    ctx.write("distance.csv", distance_table(cell_recs))
+    summary = {
+        "layout": "abstract" if cells.trained is not None else c.layout,
+        "accuracy_overall": float(acc["accuracy"].mean()),
+        "recall_heads": [],
+        "attention_layers": [],
+    }
+    ctx.write("summary.json", summary)
+    ctx.write("mqar.html", accuracy_figure(acc, model.name))
+    ctx.extra["summary"] = summary
+    return HeadScores(pd.DataFrame({col: [] for col in COLUMNS}))
 
 
 def _check_sizes(model, c: MQARConfig, cells: CellBuilder) -> None:
@@ -243,7 +281,8 @@ def _check_sizes(model, c: MQARConfig, cells: CellBuilder) -> None:
     most = max(*c.pairs, c.heads_cell[0])
     require(most <= cells.n_keys, f"{most} pairs exceed the {cells.n_keys} distinct keys available")
     n_heads_total = len(model.attention_layers) * model.n_heads
-    require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
+    if not model.attention_free:  # no heads: nothing is masked
+        require(c.top_k < n_heads_total, f"--top-k must be below the {n_heads_total} heads")
     kv = cells.trained is None and c.layout == "kv"
     for n in {*c.pairs, c.heads_cell[0]}:
         for gap in {*c.gaps, c.heads_cell[1]}:
@@ -267,7 +306,7 @@ def _run_cells(model, c: MQARConfig, ctx, cells: CellBuilder, grid, heads_cell) 
         ctx.say(
             f"resuming: {len(done)} of {len(grid) + 1} cells already done (heads cell included)"
         )
-    share = ctx.todo([*grid, "heads"])
+    share = ctx.todo([*grid, "heads"] if heads_cell is not None else grid)
     units = [u for u in share if u not in done]
     for unit in ctx.units(units, "cell", done_before=len(share) - len(units)):
         if unit == "heads":
@@ -370,10 +409,14 @@ def distance_table(cells: list[dict]):
     return pd.DataFrame(rows)
 
 
-def show(acc, scores, masking: dict, top: int) -> None:
+def show_accuracy(acc) -> None:
     wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
     wide.columns = [f"gap {c}" for c in wide.columns]
     print_table(wide.reset_index(), "MQAR accuracy (rows: pairs N; columns: filler gap)")
+
+
+def show(acc, scores, masking: dict, top: int) -> None:
+    show_accuracy(acc)
     cols = ["layer", "head", "kv_head", "value"]
     t = scores.top("query_to_value", top)[cols].rename(columns={"value": "query_to_value"})
     other = scores.df.pivot_table(index=["layer", "head"], columns="metric", values="value")
@@ -389,6 +432,28 @@ def show(acc, scores, masking: dict, top: int) -> None:
         f"{len(masking['recall_heads'])} recall heads masked, {rmean} with as many random "
         f"heads (mean of {len(rand)} sets: {', '.join(f'{r:.3f}' for r in rand)})."
     )
+
+
+def accuracy_figure(acc, name: str):
+    """The accuracy heatmap alone (a model with no attention layers)."""
+    import plotly.graph_objects as go
+
+    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
+    fig = go.Figure(
+        go.Heatmap(
+            z=wide.to_numpy(),
+            x=[str(c) for c in wide.columns],
+            y=[str(i) for i in wide.index],
+            colorscale="Viridis",
+            zmin=0,
+            zmax=1,
+            texttemplate="%{z:.2f}",
+        )
+    )
+    fig.update_xaxes(title_text="gap")
+    fig.update_yaxes(title_text="pairs N")
+    fig.update_layout(title=f"MQAR accuracy (no attention layers): {name}", height=480)
+    return fig
 
 
 def figure(acc, scores, masking: dict, name: str):

@@ -113,8 +113,11 @@ def manifest_problem(manifest: dict[str, Any]) -> str | None:
     model = manifest.get("model") or {}
     for key in _SHAPE_KEYS:
         v = model.get(key)
-        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-            return f"has model.{key} {_short(v)}, not a positive whole number"
+        # 0 heads: a model with no attention layers (an MQAR run of Mamba, RWKV, ...)
+        least = 1 if key == "n_layers" else 0
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
+            what = "positive" if least else "non-negative"
+            return f"has model.{key} {_short(v)}, not a {what} whole number"
     if not all(isinstance(f, str) for f in manifest.get("files") or []):
         return "lists files that are not names"
     return None

@@ -62,7 +62,47 @@ def test_a_head_method_refuses_before_it_runs(tmp_path):
     from headhunt.methods import get
 
     hm = HookedModel(model=tiny_causal_lm("mamba"), tokenizer=None, name="mamba")
-    method = get("mqar")
+    method = get("ngram")
     with pytest.raises(HeadhuntError, match=REFUSAL) as err:
         execute(method, method.Config(), out=tmp_path / "run", model=hm, show=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_mqar_cli_measures_accuracy_without_heads(family, tmp_path, capsys):
+    """`headhunt mqar` on an attention-free model folder: the accuracy grid (argmax over the
+    vocabulary, as for any model), no recall heads, no masking, an empty scores table; the run
+    reprints and resumes."""
+    import json
+    import os
+
+    import pandas as pd
+
+    from headhunt.cli import main
+    from headhunt.probes.tiny import word_tokenizer
+
+    tok = word_tokenizer()
+    model = tiny_causal_lm(family, vocab_size=len(tok), **FAMILIES[family])
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    out = tmp_path / "run"
+    argv = ["mqar", "--model", str(folder), "--out", str(out), "--device", "cpu"]
+    argv += ["--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6", "--examples", "3"]
+    assert main(argv) == 0
+    files = set(os.listdir(out))
+    assert {"manifest.json", "scores.parquet", "accuracy.csv", "summary.json", "mqar.html"} <= files
+    assert "masking.json" not in files
+    acc = pd.read_csv(out / "accuracy.csv")
+    assert len(acc) == 4 and (acc.queries == 3 * acc.n_pairs).all()
+    assert acc.accuracy.between(0, 1).all()
+    assert len(pd.read_parquet(out / "scores.parquet")) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["n_heads"] == 0
+    printed = capsys.readouterr().out
+    assert "MQAR accuracy" in printed and "No attention layers" in printed
+    assert main([*argv, "--resume"]) == 0
+    from headhunt.views.runs import scan_runs
+
+    (entry,) = [e for e in scan_runs(tmp_path) if e.path == out]
+    assert entry.ok, entry.problem  # the dashboard lists it (0 heads is not a broken manifest)
