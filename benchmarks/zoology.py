@@ -24,6 +24,7 @@ Every (model, width, learning rate) trains in its own process, all at once on th
 set) is reported, as Zoology reports the best of its sweep.
 
 Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--smoke]
+[--only attention,hybrid] (a comma-separated subset of the models, to split the sweep over calls)
 (the report: benchmarks/zoology_report.py).
 """
 
@@ -46,6 +47,7 @@ VAL_EXAMPLES = 256
 HEADS = 8
 BATCH = 256
 WARMUP_STEPS = 100
+EVAL_EVERY = 250  # steps between validations (the only host synchronisations)
 SOLVED = 0.995  # validation accuracy at every test pair count that stops training
 ARCHS = {
     "attention": ("lfm2", ("full_attention", "full_attention")),
@@ -59,13 +61,15 @@ LRS = (1e-3, 3.2e-3)  # the two lowest of logspace(-3, -1.5, 4)
 
 def jobs(smoke: bool) -> list[dict]:
     if smoke:
-        return [{"arch": a, "width": 64, "lr": 3.2e-3, "batch": 8, "probe": 16} for a in ARCHS]
+        smoke_job = {"width": 64, "lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
+        return [{"arch": a, **smoke_job} for a in ARCHS]
     out = []
     for arch in ARCHS:
         for width in WIDTHS:
             # The short convolutions cannot see past 5 tokens: one rate is enough to show it.
             for lr in LRS[1:] if arch == "gated conv" else LRS:
-                out.append({"arch": arch, "width": width, "lr": lr, "batch": BATCH, "probe": 256})
+                job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH, "probe": 256}
+                out.append({**job, "eval_every": EVAL_EVERY})
     return out
 
 
@@ -124,7 +128,7 @@ def train(job: dict, data: dict, seconds: float, dev) -> tuple:
     )
     pool = data["train"].to(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
-    log: dict = {"step": [], "seconds": [], "loss": [], "val": []}
+    log: dict = {"step": [], "seconds": [], "loss": [], "val_curve": []}
     t0 = time.perf_counter()
     step = 0
     while True:
@@ -141,14 +145,14 @@ def train(job: dict, data: dict, seconds: float, dev) -> tuple:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % 250 == 0:
+        if step % job["eval_every"] == 0:
             model.eval()
             val = {n: query_accuracy(model, data["val"][n]) for n in TEST_PAIRS}
             model.train()
             log["step"].append(step)
             log["seconds"].append(round(time.perf_counter() - t0, 1))
-            log["loss"].append(round(float(loss), 4))
-            log["val"].append([round(v, 4) for v in val.values()])
+            log["loss"].append(round(loss.item(), 4))
+            log["val_curve"].append([round(v, 4) for v in val.values()])
             if min(val.values()) >= SOLVED:
                 break
     model.eval()
@@ -233,7 +237,13 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
     except Exception as e:
         run["error"] = f"{type(e).__name__}: {e}"[:400]
     Path(out_path).write_text(json.dumps(run))
-    print(json.dumps({k: v for k, v in run.items() if k not in ("heads", "loss", "val")}))
+    print(summary(run))
+
+
+def summary(run: dict) -> str:
+    """One line of a run for the log: its numbers without the curves and analyses."""
+    curves = ("heads", "loss", "val_curve", "step", "seconds")
+    return json.dumps({k: v for k, v in run.items() if k not in curves})
 
 
 def best_runs(runs: list[dict]) -> list[dict]:
@@ -255,7 +265,7 @@ def main() -> None:
     out_path = Path(sys.argv[1])
     smoke = "--smoke" in sys.argv
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 240
-    deadline = seconds + 120  # start-up, training, then evaluation and analyses
+    deadline = seconds + (600 if smoke else 120)  # start-up, training, evaluation, analyses
     work = Path(os.environ.get("ZOOLOGY_TMP", "/tmp/zoology"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -280,7 +290,9 @@ def main() -> None:
         "runs": [],
     }
     procs = []
-    for i, job in enumerate(jobs(smoke)):
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    todo = [j for j in jobs(smoke) if only is None or j["arch"] in only]
+    for i, job in enumerate(todo):
         out = work / f"run{i}.json"
         log = open(work / f"run{i}.log", "w")  # noqa: SIM115 (closed after the wait)
         cmd = [sys.executable, __file__, "--worker", json.dumps(job), str(work / "data.pt")]
@@ -298,7 +310,7 @@ def main() -> None:
         if "error" in run or "heads_error" in run:
             run["log_tail"] = Path(log.name).read_text()[-1500:]
         result["runs"].append(run)
-        print(json.dumps({k: v for k, v in run.items() if k not in ("heads", "loss", "val")}))
+        print(summary(run))
     result["best"] = [
         {"arch": r["arch"], "width": r["width"], "lr": r["lr"]} for r in best_runs(result["runs"])
     ]
