@@ -40,7 +40,7 @@ class ModelSpec:
     dtype: str = "auto"
     device_map: str | None = None
     trust_remote_code: bool = False
-    cache: bool = True  # False: --no-cache (a GGUF is converted in memory, nothing written)
+    cache: bool = True  # False: --no-cache (a GGUF's parsed metadata is not kept)
 
     def load(self) -> HookedModel:
         from headhunt.probes.hooked import load_model

@@ -758,8 +758,8 @@ def load_model(
             ``{module name: device}`` dict (or its JSON text). Hooks then see each layer's q/k
             on that layer's device; inputs go to the first layer's device and logits come back
             there.
-        cache: a GGUF is dequantised to the run's dtype once and kept as a safetensors copy
-            in ``$HEADHUNT_CACHE`` (said before it is written); False converts in memory.
+        cache: a GGUF's parsed metadata (config, tokenizer, tensor names; no weights) is
+            kept in ``$HEADHUNT_CACHE`` after its first load; False writes nothing.
     """
     from headhunt.probes.loading import load_hf
 
@@ -772,7 +772,7 @@ def load_model(
             dtype=str(dt).removeprefix("torch."),
             cache=cache,
         )
-        if getattr(model, "hf_device_map", None) is None:  # a first GGUF load: on the CPU
+        if getattr(model, "hf_device_map", None) is None:  # a GGUF is built on the CPU
             model = dispatch(model, dm, dtype)
         return _hooked(model, tok, spec)
     dev = pick_device(device)

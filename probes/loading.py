@@ -166,10 +166,10 @@ def _read_gguf(path: Path):
     return reader, arch
 
 
-# Bytes per parameter of a converted copy, by dtype.
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# Room left free on the cache's disk beyond the copy itself (a filled disk breaks everything else).
-_DISK_MARGIN = 512 << 20
+# The dtypes a GGUF is dequantised to (the run's compute dtype).
+_DTYPES = ("float32", "bfloat16", "float16")
+# Bumped when what a cache entry holds changes: an older entry is rebuilt, never misread.
+_ENTRY_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,10 @@ def gguf_facts(path: Path) -> GGUFFacts:
     return facts
 
 
-def gguf_cache_folder(path: Path, dtype: str) -> Path:
-    """The cached copy of a GGUF in ``dtype``: keyed by the file's content (the same model
-    installed in two clones shares one entry) and by dtype (a bf16 copy never serves a float32
-    run)."""
-    return cache_root() / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}-{dtype}"
+def gguf_cache_folder(path: Path) -> Path:
+    """The cache entry of a GGUF: its config, tokenizer and tensor recipe, no weights. Keyed by
+    the file's content (the same model installed in two clones shares one entry)."""
+    return cache_root() / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}-meta"
 
 
 def _load_gguf(
@@ -210,38 +209,207 @@ def _load_gguf(
     device_map: str | dict | None = None,
     cache: bool = True,
 ):
-    """Load a GGUF dequantised to ``dtype`` (the run's compute dtype; float32 when None).
+    """Load a GGUF dequantised to ``dtype`` (the run's compute dtype; float32 when None), on the
+    CPU (``load_model`` places it; ``device_map`` is not used here).
 
-    transformers dequantises GGUF on every load (about 30 s even for 135M parameters), so the
-    first load keeps a safetensors copy in the cache (said before it is written: what, where,
-    how big; refused when the disk lacks room) and later loads read it in about a second
-    (safetensors never unpickles anything). ``cache=False`` (``--no-cache``) converts in memory
-    and writes nothing. ``device_map`` applies to loads from the cached copy; a converting load
-    returns the model on the CPU.
+    The weights are read from the GGUF itself at every load (a few seconds: see
+    :mod:`headhunt.probes.gguf_weights`, bit for bit transformers' own conversion); no copy of
+    them is ever written. What costs time in transformers' load is parsing the file's metadata
+    into a config and a tokenizer and mapping tensor names (tens of seconds), none of which
+    depends on the weights: the first load keeps those in the cache (a few MB, said when
+    written) and later loads read them. ``cache=False`` (``--no-cache``) writes nothing and
+    parses the metadata at every load.
     """
+    del device_map  # a GGUF model is built on the CPU; load_model dispatches it
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line of ours instead (a bar floods a log)
     dtype = dtype or "float32"
-    if dtype not in _DTYPE_BYTES:
+    if dtype not in _DTYPES:
         raise HeadhuntError(f"cannot dequantise a GGUF to {dtype}")
-    folder = gguf_cache_folder(path, dtype)
-    if cache and (folder / ".complete").is_file():
-        model, tok = _load_folder(folder, device_map=device_map, dtype=dtype, cached=True)
-        check_gguf_tokenizer(tok, path.name, cached=True)
-        return model, tok
     facts = gguf_facts(path)
-    size = facts.n_parameters * _DTYPE_BYTES[dtype]
     what = f"{path.name} ({facts.name or facts.architecture}, {facts.n_parameters / 1e6:.0f}M parameters)"
-    if cache:
-        _check_room(folder, size)
-        notice(
-            f"converting {what} once to a {dtype} safetensors copy of about {_human(size)} in "
-            f"{folder} (later loads read it; --no-cache converts in memory, `headhunt cache "
-            "clear` removes it)"
-        )
+    if _transformers_own_pipeline(facts.architecture):
+        return _convert_with_transformers(path, dtype, what)
+    folder = gguf_cache_folder(path)
+    entry = _read_entry(folder) if cache else None
+    if entry is None:
+        if cache:
+            notice(
+                f"reading {what}: its config, tokenizer and tensor names are parsed once and kept "
+                f"in {folder} (no weights: those are read from the GGUF at every load; "
+                "--no-cache keeps nothing, `headhunt cache clear` removes it)"
+            )
+        else:
+            notice(f"reading {what} (--no-cache: its metadata is parsed again, nothing is written)")
+        config, tok, recipe = _parse_gguf(path)
+        check_gguf_tokenizer(tok, path.name)
+        if cache:
+            _save_entry(folder, config, tok, recipe, path)
     else:
-        notice(f"converting {what} to {dtype} in memory (--no-cache: nothing is written)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+        config, tok, recipe = entry
+        check_gguf_tokenizer(tok, path.name, cached=True)
+    return _model_from_gguf(path, config, recipe, dtype), tok
+
+
+def _transformers_own_pipeline(architecture: str) -> bool:
+    """Whether transformers loads this GGUF architecture through its newer conversion pipeline
+    (qwen35, lfm2, ... in 5.24), which gguf_weights does not reproduce."""
+    try:
+        from transformers.integrations.gguf.utils import is_gguf_arch_supported
+    except ImportError:  # an older transformers: every architecture takes the legacy loader
+        return False
+    return bool(is_gguf_arch_supported(architecture))
+
+
+def _parse_gguf(path: Path):
+    """(config, tokenizer, recipe) of a GGUF by transformers' own parse of its metadata."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from headhunt.probes.gguf_weights import make_recipe
+
+    try:
+        with warnings.catch_warnings(), _parse_once():
+            warnings.simplefilter("ignore")
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            recipe = make_recipe(path, config)
+    except Exception as e:
+        raise HeadhuntError(
+            f"transformers could not read {path.name}: {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    if not config.architectures:  # TransformerBridge needs it; GGUF configs may lack it
+        from transformers import AutoModelForCausalLM
+
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    return config, tok, recipe
+
+
+@contextlib.contextmanager
+def _parse_once():
+    """transformers parses a GGUF's whole metadata once for its config, once for its tokenizer
+    and once for the weights' names (seconds each: every vocabulary entry), and rebuilds gguf-py's
+    tensor name table for every module of the model (hundreds of times); the results are the
+    same each time, so while this is open each is computed once (deep copies handed out)."""
+    import copy
+    import functools
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    parse, name_map = gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
+    parsed: dict[str, Any] = {}
+
+    def parse_once(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return parse(path, return_tensors=return_tensors, **kw)
+        key = str(Path(path).resolve())
+        if key not in parsed:
+            parsed[key] = parse(path)
+        return copy.deepcopy(parsed[key])
+
+    gguf_utils.load_gguf_checkpoint = parse_once
+    gguf.get_tensor_name_map = functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = parse, name_map
+
+
+def _model_from_gguf(path: Path, config, recipe, dtype: str):
+    """The model built from ``config`` (no initialisation: transformers fills every parameter
+    from the state dict) with the GGUF's weights read, dequantised and cast to ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from headhunt.probes.gguf_weights import UnreadableHeader, state_dict
+
+    tty = sys.stderr.isatty()
+
+    def progress(i: int, n: int) -> None:
+        if tty and (i == n or i % 16 == 0):
+            end = "\n" if i == n else ""
+            print(f"\rheadhunt: dequantising {path.name}: {i}/{n} tensors", end=end,
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     t0 = time.perf_counter()
+    try:
+        weights = state_dict(path, recipe, getattr(torch, dtype), on_tensor=progress)
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = model_class.from_pretrained(
+                None, config=config, state_dict=weights, dtype=dtype
+            )
+    except (UnreadableHeader, NotImplementedError, ValueError, KeyError, OSError) as e:
+        raise HeadhuntError(
+            f"could not read the weights of {path.name}: {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    model.config.name_or_path = str(path.parent)
+    if time.perf_counter() - t0 > 30:
+        notice(f"read the weights of {path.name} in {time.perf_counter() - t0:.0f} s")
+    return model
+
+
+def _read_entry(folder: Path):
+    """(config, tokenizer, recipe) from a complete cache entry made by this format and this
+    transformers version, else None (the entry is rebuilt)."""
+    import transformers
+
+    try:
+        made = json.loads((folder / ".complete").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(made, dict) or (made.get("format"), made.get("transformers")) != (
+        _ENTRY_FORMAT,
+        transformers.__version__,
+    ):
+        return None
+    from transformers import AutoConfig, AutoTokenizer
+
+    from headhunt.probes.gguf_weights import Recipe
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return config, tok, Recipe.read(folder / "recipe.json")
+    except Exception as e:  # a damaged entry costs one slow load, never a wrong model
+        notice(f"the cache entry {folder} is unreadable ({type(e).__name__}); rebuilding it")
+        return None
+
+
+def _save_entry(folder: Path, config, tok, recipe, source: Path) -> None:
+    """Keep a GGUF's config, tokenizer and recipe: a temporary folder, then a rename. Best
+    effort: a full or read-only disk costs the next load its speed, never this run."""
+    import transformers
+
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        recipe.save(tmp / "recipe.json")
+        made = {"format": _ENTRY_FORMAT, "transformers": transformers.__version__}
+        (tmp / ".complete").write_text(json.dumps(made | {"source": str(source)}))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except (OSError, ValueError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        notice(f"could not keep {folder} ({e}); the next load parses the GGUF again")
+        return
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    notice(f"kept {_human(size)} in {folder} (config, tokenizer, tensor names; no weights)")
+
+
+def _convert_with_transformers(path: Path, dtype: str, what: str):
+    """transformers' own GGUF load, in memory (nothing written): for the architectures of its
+    newer pipeline, whose conversion gguf_weights does not reproduce."""
+    notice(f"converting {what} to {dtype} in memory with transformers (nothing is written)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         with warnings.catch_warnings(), _quiet_gguf_bar(path.name):
             warnings.simplefilter("ignore")
@@ -251,18 +419,14 @@ def _load_gguf(
             )
     except Exception as e:
         raise HeadhuntError(
-            f"transformers could not load {path.name}: {type(e).__name__}: {e}"
+            f"transformers could not load {path.name}: {type(e).__name__}: {_first_line(e)}"
         ) from None
     check_gguf_tokenizer(tok, path.name)
-    if not model.config.architectures:  # TransformerBridge needs it; GGUF configs may lack it
+    if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
-    # The weights are dequantised now; drop the GGUF quantizer so they save plainly.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # the weights are dequantised
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    if cache:
-        _save_copy(model, tok, folder, path)
-    notice(f"converted {path.name} in {time.perf_counter() - t0:.0f} s")
     return model, tok
 
 
@@ -283,40 +447,11 @@ def check_gguf_tokenizer(tok, name: str, *, cached: bool = False) -> None:
     if n > 1.5 * words:
         import transformers
 
-        where = " (`headhunt cache clear` removes the copy made with it)" if cached else ""
+        where = " (`headhunt cache clear` removes the entry made with it)" if cached else ""
         raise HeadhuntError(
             f"{name}: transformers {transformers.__version__} built this GGUF's tokenizer wrong "
             f"({n} tokens for a {words}-word sentence, pieces of words{where}): use "
             "transformers 5.24 (what CI tests)"
-        )
-
-
-def _save_copy(model, tok, folder: Path, source: Path) -> None:
-    """Save the converted model into the cache: a temporary folder, then a rename."""
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / ".complete").write_text(str(source))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    except (OSError, ValueError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)  # the run goes on; only the next load is slow
-        notice(f"could not keep the converted copy in {folder} ({e}); the next load converts again")
-
-
-def _check_room(folder: Path, size: int) -> None:
-    """Refuse, in one line, a copy the cache's disk has no room for."""
-    where = folder
-    while not where.exists():
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    if free < size + _DISK_MARGIN:
-        raise HeadhuntError(
-            f"the converted copy needs about {_human(size)} in {folder.parent} but its disk has "
-            f"{_human(free)} free: pass --no-cache (convert in memory at every load), set "
-            "HEADHUNT_CACHE to a disk with room, or free space (`headhunt cache clear`)"
         )
 
 
@@ -371,13 +506,11 @@ def _load_folder(
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
     dtype: str | None = None,
-    cached: bool = False,
 ):
     """(model, tokenizer) of a Hugging Face folder: float32 on the CPU, or, with a
     ``device_map``, loaded straight onto those devices in ``dtype`` (transformers and
     accelerate place each weight as it is read, so a model larger than one GPU never needs
-    a float32 copy in host memory). ``cached``: headhunt's converted copy of a GGUF, read in
-    its own dtype."""
+    a float32 copy in host memory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(folder, Path) and not any((folder / f).exists() for f in _TOKENIZER_FILES):
@@ -385,7 +518,7 @@ def _load_folder(
             f"{folder} has no tokenizer ({', '.join(_TOKENIZER_FILES)}): save the model's "
             "tokenizer beside its weights"
         )
-    placement = {"dtype": dtype if cached and dtype else "float32"}
+    placement = {"dtype": "float32"}
     if device_map is not None:
         placement = {"device_map": device_map, "dtype": dtype or "float32"}
 
@@ -457,8 +590,8 @@ def load_hf(
 ):
     """Load (model, tokenizer) for a spec, in float32 on the CPU (the caller moves it), or
     with ``device_map=`` and ``dtype=`` placed by transformers (see :func:`_load_folder`). A
-    GGUF is dequantised to ``gguf_dtype`` (the run's compute dtype), through the cache unless
-    ``cache`` is False. The model carries ``headhunt_source``: its name, format and weight
+    GGUF is read and dequantised to ``gguf_dtype`` (the run's compute dtype) at every load; its
+    parsed metadata is kept in the cache unless ``cache`` is False. The model carries ``headhunt_source``: its name, format and weight
     files (see :func:`model_source`)."""
     from transformers.utils import logging as hf_logging
 

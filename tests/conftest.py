@@ -55,7 +55,8 @@ def _real_model(name: str, device, what: str):
 
 @pytest.fixture(scope="session")
 def smol(device):
-    """The embedded SmolLM2-135M (loaded once per session; cached as safetensors after the first load)."""
+    """The embedded SmolLM2-135M (loaded once per session; its GGUF's parsed metadata is kept in
+    the cache after the first load, the weights are read from the GGUF)."""
     return _real_model("smollm2-135m", device, "embedded model")
 
 
@@ -63,7 +64,7 @@ def smol(device):
 def gemma(device):
     """Gemma 3 270M, the second real model: a sliding-window family (512-token local layers,
     global layers 5, 11, 17). Loaded once per session; its first load joins the chunked GGUF
-    and converts it (about two minutes on the 2-core CPU), later loads read the cache."""
+    and parses its metadata into the cache, later loads read that and the GGUF's weights."""
     return _real_model("gemma3-270m", device, "Gemma 3 270M")
 
 

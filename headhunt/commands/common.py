@@ -58,8 +58,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-cache",
         action="store_true",
-        help="a .gguf model: dequantise in memory at every load instead of keeping a "
-        "safetensors copy in $HEADHUNT_CACHE (see `headhunt cache list`)",
+        help="a .gguf model: keep nothing in $HEADHUNT_CACHE (its config, tokenizer and "
+        "tensor names are parsed again at every load; weights are never copied)",
     )
     g.add_argument("--seed", type=seed, default=0, help="random seed (0 to 2**32 - 1)")
     g.add_argument(

@@ -1,22 +1,22 @@
-"""GGUF loading users can live with (issue 29, item 1): the converted copy is in the run's
-dtype, keyed by content and dtype, announced before it is written (what, where, how big),
-refused when the disk lacks room, skipped with --no-cache; `headhunt cache list|clear`.
-
-transformers' dequantisation itself is replaced by the tiny model here (it takes tens of
-seconds on a real file); benchmarks/gguf_load.py times the real first and second loads."""
+"""GGUF loading users can live with (issue 29, item 1): no copy of the weights is ever written.
+The first load keeps the GGUF's parsed metadata (config, tokenizer, tensor names) in the cache,
+keyed by the file's content, said when written; later loads read it and the weights from the
+GGUF; --no-cache writes nothing; `headhunt cache list|clear`. On a real tiny GGUF
+(tests/probes/conftest.py); benchmarks/gguf_load.py times the bundled models' loads."""
 
 from __future__ import annotations
 
-import shutil
-from collections import namedtuple
+import json
 
 import pytest
 import torch
 
 from headhunt.cli import main
-from headhunt.errors import HeadhuntError
 from headhunt.probes import loading
 from headhunt.probes.loading import gguf_cache_folder
+
+# Files that would hold weights (any format transformers or torch writes).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".gguf")
 
 
 @pytest.fixture
@@ -26,49 +26,18 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-@pytest.fixture
-def fake_gguf(tmp_path, monkeypatch):
-    """A .gguf path whose facts are given and whose conversion returns the tiny model in the
-    dtype asked for (counting conversions)."""
-    from headhunt.probes.tiny import tiny_llama
-
-    path = tmp_path / "models" / "tiny.gguf"
-    path.parent.mkdir()
-    path.write_bytes(b"GGUF" + bytes(range(256)) * 64)
-    facts = loading.GGUFFacts(architecture="llama", name="Tiny Llama 2L", n_parameters=50_000_000)
-    monkeypatch.setattr(loading, "gguf_facts", lambda p: facts)
-    conversions = []
-    import transformers
-
-    real_model = transformers.AutoModelForCausalLM.from_pretrained
-    real_tok = transformers.AutoTokenizer.from_pretrained
-
-    def fake_model(folder, gguf_file=None, dtype=None, **kw):
-        if gguf_file is None:  # reading the cached copy: the real loader
-            return real_model(folder, dtype=dtype, **kw)
-        conversions.append(dtype)
-        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2)
-        return m.model.to(getattr(torch, dtype))
-
-    def fake_tok(folder, gguf_file=None, **kw):
-        if gguf_file is None:
-            return real_tok(folder, **kw)
-        return tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2).tokenizer
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tok)
-    return path, conversions
+def _files(root):
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
 
 
-def test_the_cache_entry_is_keyed_by_content_and_dtype(cache, tmp_path):
+def test_the_cache_entry_is_keyed_by_content(cache, tmp_path):
     a, b = tmp_path / "a.gguf", tmp_path / "b" / "a.gguf"
     b.parent.mkdir()
     a.write_bytes(b"GGUF same content")
     b.write_bytes(b"GGUF same content")
-    assert gguf_cache_folder(a, "float32") == gguf_cache_folder(b, "float32")  # two clones
-    assert gguf_cache_folder(a, "float32") != gguf_cache_folder(a, "bfloat16")
+    assert gguf_cache_folder(a) == gguf_cache_folder(b)  # two clones share one entry
     b.write_bytes(b"GGUF other content")
-    assert gguf_cache_folder(a, "float32") != gguf_cache_folder(b, "float32")
+    assert gguf_cache_folder(a) != gguf_cache_folder(b)
 
 
 def test_the_file_hash_is_computed_once_and_redone_when_the_file_changes(cache, tmp_path):
@@ -83,57 +52,89 @@ def test_the_file_hash_is_computed_once_and_redone_when_the_file_changes(cache, 
     assert loading.file_sha256(f) == hashlib.sha256(b"y" * 1001).hexdigest()
 
 
-def test_first_load_says_what_it_writes_then_the_second_reads_the_copy(cache, fake_gguf, capsys):
-    path, conversions = fake_gguf
-    model, _ = loading._load_gguf(path, dtype="bfloat16")
+def test_no_weights_are_written_and_the_second_load_reads_the_metadata(
+    cache, tiny_gguf, capsys, monkeypatch
+):
+    model, tok = loading._load_gguf(tiny_gguf, dtype="float32")
     err = capsys.readouterr().err
-    folder = gguf_cache_folder(path, "bfloat16")
-    said = [line for line in err.splitlines() if "converting" in line]
-    assert len(said) == 1
-    assert "bfloat16" in said[0] and str(folder) in said[0] and "100 MB" in said[0]
-    assert "--no-cache" in said[0]
-    assert conversions == ["bfloat16"]
-    assert (folder / ".complete").is_file()
-    saved = next(folder.glob("*.safetensors"))
-    from safetensors import safe_open
+    folder = gguf_cache_folder(tiny_gguf)
+    said = [line for line in err.splitlines() if "reading" in line]
+    assert len(said) == 1 and str(folder) in said[0] and "no weights" in said[0]
+    kept = [line for line in err.splitlines() if "headhunt: kept" in line]
+    assert "--no-cache" in said[0] and len(kept) == 1 and f"B in {folder}" in kept[0]
+    files = _files(cache)
+    written = [p for p in files if p.name.endswith(WEIGHT_SUFFIXES)]
+    assert written == [], f"weights written: {written}"
+    weight_bytes = sum(p.numel() * 4 for p in model.parameters())
+    entry_bytes = sum(p.stat().st_size for p in files if folder in p.parents)
+    assert {"config.json", "recipe.json", "tokenizer.json", ".complete"} <= {
+        p.name for p in files if folder in p.parents
+    }
+    assert entry_bytes < weight_bytes / 20  # a few KB of metadata for a 4 MB model
+    first = {k: v.clone() for k, v in model.state_dict().items()}
 
-    with safe_open(saved, "pt") as f:  # a bfloat16 copy, not float32
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
-    again, _ = loading._load_gguf(path, dtype="bfloat16")
-    assert conversions == ["bfloat16"]  # read from the copy, not converted again
-    assert next(again.parameters()).dtype == torch.bfloat16
-    assert "converting" not in capsys.readouterr().err
-    loading._load_gguf(path, dtype="float32")  # another dtype is another entry
-    assert conversions == ["bfloat16", "float32"]
+    def no_parse(path):
+        raise AssertionError("parsed the GGUF's metadata again")
+
+    monkeypatch.setattr(loading, "_parse_gguf", no_parse)
+    again, tok2 = loading._load_gguf(tiny_gguf, dtype="float32")
+    assert "reading" not in capsys.readouterr().err
+    assert all(torch.equal(first[k], v) for k, v in again.state_dict().items())
+    assert tok2("the cat").input_ids == tok("the cat").input_ids
+    half, _ = loading._load_gguf(tiny_gguf, dtype="bfloat16")  # the same entry serves any dtype
+    assert next(half.parameters()).dtype == torch.bfloat16
+    assert _files(cache) == files
 
 
-def test_no_cache_converts_in_memory_and_writes_nothing(cache, fake_gguf, capsys):
-    path, conversions = fake_gguf
-    loading._load_gguf(path, dtype="float32", cache=False)
-    assert conversions == ["float32"]
+def test_no_cache_writes_nothing(cache, tiny_gguf, capsys):
+    loading._load_gguf(tiny_gguf, dtype="float32", cache=False)
     assert not (cache / "gguf").exists()
     assert "nothing is written" in capsys.readouterr().err
 
 
-def test_a_disk_without_room_is_refused_before_converting(cache, fake_gguf, monkeypatch):
-    path, conversions = fake_gguf
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**6, 10**6))
-    with pytest.raises(HeadhuntError, match="--no-cache") as e:
-        loading._load_gguf(path, dtype="float32")
-    assert "200 MB" in str(e.value) and "1 MB free" in str(e.value)
-    assert conversions == [] and not (cache / "gguf").exists()
+def test_an_entry_of_another_transformers_or_a_damaged_one_is_rebuilt(cache, tiny_gguf, capsys):
+    loading._load_gguf(tiny_gguf, dtype="float32")
+    folder = gguf_cache_folder(tiny_gguf)
+    made = json.loads((folder / ".complete").read_text())
+    (folder / ".complete").write_text(json.dumps(made | {"transformers": "5.0.0"}))
+    capsys.readouterr()
+    loading._load_gguf(tiny_gguf, dtype="float32")
+    assert "reading" in capsys.readouterr().err  # another version's parse is not trusted
+    (folder / "recipe.json").write_text("{")
+    loading._load_gguf(tiny_gguf, dtype="float32")
+    assert "rebuilding" in capsys.readouterr().err
+    loading._load_gguf(tiny_gguf, dtype="float32")
+    assert "reading" not in capsys.readouterr().err
 
 
-def test_cache_list_and_clear(cache, fake_gguf, capsys):
-    path, _ = fake_gguf
-    loading._load_gguf(path, dtype="float32")
+def test_a_full_disk_costs_the_next_load_its_speed_not_this_run(
+    cache, tiny_gguf, capsys, monkeypatch
+):
+    from headhunt.probes.gguf_weights import Recipe
+
+    def full(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Recipe, "save", full)
+    model, _ = loading._load_gguf(tiny_gguf, dtype="float32")
+    assert model is not None
+    assert "No space left" in capsys.readouterr().err
+    assert not any((cache / "gguf").iterdir())  # no entry, no temporary folder left
+
+
+def test_cache_list_and_clear(cache, tiny_gguf, capsys):
+    loading._load_gguf(tiny_gguf, dtype="float32")
+    old = cache / "gguf" / "tiny-llama-0123456789abcdef-float32"  # an older version's copy
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"x" * 5000)
+    (old / ".complete").write_text("tiny-llama.gguf")
     (cache / "models").mkdir()
     (cache / "models" / "joined.gguf").write_bytes(b"x" * 10)
     capsys.readouterr()
     assert main(["cache", "list"]) == 0
     out = capsys.readouterr().out
-    assert "converted" in out and gguf_cache_folder(path, "float32").name in out
+    assert "metadata" in out and gguf_cache_folder(tiny_gguf).name in out
+    assert "old copy" in out and old.name in out
     assert "joined" in out and "total" in out
     assert main(["cache", "clear"]) == 0
     assert not any((cache / "gguf").iterdir())

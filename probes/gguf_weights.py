@@ -1,0 +1,226 @@
+"""A GGUF's weights read straight from the file at every load, exactly as transformers converts
+them, with no converted copy on disk.
+
+transformers' GGUF load (``load_gguf_checkpoint`` in ``transformers.modeling_gguf_pytorch_utils``)
+spends most of its time on work that does not depend on the weights' values: parsing every
+metadata field (the tokenizer's vocabulary: hundreds of thousands of parts) and deriving the
+GGUF-tensor -> parameter name map from gguf-py's ``get_tensor_name_map``. The weights themselves
+dequantise in seconds. So headhunt keeps only that value-free part (a :class:`Recipe`: the
+architecture's processor, the config it reads, the name map) and, at every load, reads the
+tensor table with a small header parser that skips the metadata values, dequantises each tensor
+with gguf-py's ``dequantize`` (the function transformers calls), applies transformers' own
+per-architecture ``TensorProcessor`` and casts to the run's dtype: the same operations in the
+same order, so the state dict is bit for bit transformers' own (tests/probes/test_gguf_weights.py).
+
+The GGUF format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+# Fixed-size metadata value types (GGUFValueType): byte widths.
+_WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_DEFAULT_ALIGNMENT = 32  # the format's default when general.alignment is absent
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of the file: its GGUF name, ggml type, dimensions (ggml order: fastest first)
+    and absolute byte offset of its data."""
+
+    name: str
+    ggml_type: int
+    dims: tuple[int, ...]
+    offset: int
+
+
+class UnreadableHeader(ValueError):
+    """A header this parser does not read (big-endian, an unknown version or value type)."""
+
+
+def tensor_table(path: Path) -> tuple[str, list[TensorEntry]]:
+    """The file's architecture and tensors, read from its header without building any other
+    metadata value (a vocabulary's strings are stepped over by their lengths)."""
+    architecture = ""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        if blob[:4] != b"GGUF":
+            raise UnreadableHeader("bad magic bytes")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
+        if version not in (2, 3):  # 0 in the low bytes: a big-endian file
+            raise UnreadableHeader(f"GGUF version field {version}")
+        pos, alignment = 24, _DEFAULT_ALIGNMENT
+        for _ in range(n_kv):
+            key, pos = _string(blob, pos)
+            (vtype,) = struct.unpack_from("<I", blob, pos)
+            if key == "general.alignment" and vtype == _UINT32:
+                (alignment,) = struct.unpack_from("<I", blob, pos + 4)
+            elif key == "general.architecture" and vtype == _STRING:
+                architecture = _string(blob, pos + 4)[0]
+            pos = _skip_value(blob, pos + 4, vtype)
+        entries = []
+        for _ in range(n_tensors):
+            name, pos = _string(blob, pos)
+            (n_dims,) = struct.unpack_from("<I", blob, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
+            pos += 4 + 8 * n_dims
+            ggml_type, offset = struct.unpack_from("<IQ", blob, pos)
+            pos += 12
+            entries.append(TensorEntry(name, ggml_type, tuple(dims), offset))
+    if alignment == 0 or alignment & (alignment - 1):
+        raise UnreadableHeader(f"alignment {alignment}")
+    start = -(-pos // alignment) * alignment
+    return architecture, [
+        TensorEntry(e.name, e.ggml_type, e.dims, start + e.offset) for e in entries
+    ]
+
+
+def _string(blob, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", blob, pos)
+    return blob[pos + 8 : pos + 8 + n].decode("utf-8"), pos + 8 + n
+
+
+def _skip_value(blob, pos: int, vtype: int) -> int:
+    """The offset just past one metadata value of type ``vtype`` starting at ``pos``."""
+    if vtype in _WIDTH:
+        return pos + _WIDTH[vtype]
+    if vtype == _STRING:
+        (n,) = struct.unpack_from("<Q", blob, pos)
+        return pos + 8 + n
+    if vtype == _ARRAY:
+        etype, count = struct.unpack_from("<IQ", blob, pos)
+        pos += 12
+        if etype in _WIDTH:
+            return pos + count * _WIDTH[etype]
+        for _ in range(count):  # strings (a vocabulary) or nested arrays
+            pos = _skip_value(blob, pos, etype)
+        return pos
+    raise UnreadableHeader(f"metadata value type {vtype}")
+
+
+def tensor_data(blob, entry: TensorEntry):
+    """The tensor's bytes as gguf-py's ``GGUFReader`` presents them (same dtype and shape, a
+    view of ``blob``, the file mapped as a numpy uint8 array): what ``gguf.dequantize`` takes."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    qtype = GGMLQuantizationType(entry.ggml_type)
+    n = 1
+    for d in entry.dims:
+        n *= d
+    shape = tuple(reversed(entry.dims))
+    plain = {
+        GGMLQuantizationType.F16: np.float16,
+        GGMLQuantizationType.F32: np.float32,
+        GGMLQuantizationType.F64: np.float64,
+        GGMLQuantizationType.I8: np.int8,
+        GGMLQuantizationType.I16: np.int16,
+        GGMLQuantizationType.I32: np.int32,
+        GGMLQuantizationType.I64: np.int64,
+    }
+    if qtype in plain:
+        item, count = np.dtype(plain[qtype]), n
+    else:
+        block, size = GGML_QUANT_SIZES[qtype]
+        item, count = np.dtype(np.uint8), n * size // block
+        shape = quant_shape_to_byte_shape(shape, qtype)
+    return blob[entry.offset : entry.offset + count * item.itemsize].view(item).reshape(shape)
+
+
+@dataclass
+class Recipe:
+    """What turns a GGUF's tensors into a model's state dict, none of it the weights' values:
+    the file's architecture (picks transformers' ``TensorProcessor``), the config dict that
+    processor reads (transformers' parse of the metadata) and the GGUF -> parameter name map."""
+
+    architecture: str
+    processor_config: dict[str, Any]
+    name_map: dict[str, str]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> Recipe:
+        return cls(**json.loads(path.read_text()))
+
+
+def make_recipe(path: Path, config) -> Recipe:
+    """The recipe of a GGUF whose model has ``config`` (from transformers' own parse of the
+    file): the processor config from ``load_gguf_checkpoint`` and the name map from
+    ``get_gguf_hf_weights_map`` over the model's parameter names (a model built on the meta
+    device: no memory, no initialisation)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
+
+    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
+    architecture, _ = tensor_table(path)
+    processor_config = parsed["config"]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=processor_config)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    name_map = get_gguf_hf_weights_map(skeleton, processor)
+    return Recipe(architecture, json.loads(json.dumps(processor_config)), name_map)
+
+
+def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
+    """The GGUF's tensors as transformers' ``load_gguf_checkpoint`` returns them (its loop,
+    step for step: dequantise, process, rename, copy, cast to ``dtype``), read from the mapped
+    file. ``on_tensor(i, n)`` is called after each tensor (a progress line)."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    processor = TENSOR_PROCESSORS.get(recipe.architecture, TensorProcessor)(
+        config=recipe.processor_config
+    )
+    parsed: dict[str, Any] = {"config": recipe.processor_config, "tensors": {}}
+    _, entries = tensor_table(path)
+    blob = np.memmap(path, mode="r", dtype=np.uint8)  # pages are read as tensors need them
+    for i, entry in enumerate(entries, 1):
+        weights = dequantize(tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type))
+        result = processor.process(
+            weights=weights,
+            name=entry.name,
+            tensor_key_mapping=recipe.name_map,
+            parsed_parameters=parsed,
+        )
+        if result.name in recipe.name_map:
+            tensor = torch.from_numpy(np.copy(result.weights))  # off the mapped file
+            if dtype is not None:
+                tensor = tensor.to(dtype)
+            parsed["tensors"][recipe.name_map[result.name]] = tensor
+        if on_tensor is not None:
+            on_tensor(i, len(entries))
+    return parsed["tensors"]
+
+
+def fingerprint(model) -> dict[str, str]:
+    """SHA-256 of every parameter and buffer of a model (persistent or not; dtype and shape
+    included), by name: two loads are the same model bit for bit exactly when these match."""
+    import hashlib
+
+    import torch
+
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors |= dict(model.named_buffers(remove_duplicate=False))
+    out = {}
+    for name, t in sorted(tensors.items()):
+        head = f"{t.dtype}|{tuple(t.shape)}|".encode()
+        flat = t.detach().cpu().contiguous().reshape(-1)  # 0-d buffers too (a scale)
+        out[name] = hashlib.sha256(head + flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return out
