@@ -151,22 +151,70 @@ def run_needle_trials(
     return records
 
 
+def generate_greedy(
+    model: HookedModel, prompts: Tensor, max_new_tokens: int, stop: set[int]
+) -> tuple[Tensor, Tensor]:
+    """Greedy decoding through the model's own ``generate`` (its own recurrent state: Mamba's
+    cache, RWKV's state), for a model with no attention layers, whose decoding headhunt's
+    attention capture does not drive. Where the model's own cached decoding fails (xLSTM's in
+    transformers 5.24 rejects its own state's shape when its key and value heads differ in
+    size), every step is a full forward over the sequence so far instead: the same greedy
+    tokens, no state. Returns the new tokens [b, steps] and each row's length (through its
+    first stop token, as :func:`greedy_decode`)."""
+    from transformers import GenerationConfig
+
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (min(stop) if stop else 0)
+    plain = GenerationConfig(  # greedy, nothing else (no penalty or sampling from the folder)
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=sorted(stop) or None,
+        pad_token_id=pad,
+    )
+    try:
+        with torch.inference_mode():
+            out = model.model.generate(
+                prompts, attention_mask=torch.ones_like(prompts), generation_config=plain
+            )
+    except Exception:  # the model's cached decoding is broken here: recompute every step
+        out = _greedy_without_state(model, prompts, max_new_tokens)
+    tokens = out[:, prompts.shape[1] :]
+    is_stop = torch.isin(tokens, torch.tensor(sorted(stop), dtype=torch.long, device=out.device))
+    first = torch.where(is_stop.any(1), is_stop.int().argmax(1) + 1, tokens.shape[1])
+    return tokens, first
+
+
+def _greedy_without_state(model: HookedModel, prompts: Tensor, max_new_tokens: int) -> Tensor:
+    """Greedy decoding with a full forward over the sequence at every step (no cache)."""
+    seq = prompts
+    for _ in range(max_new_tokens):
+        logits = model.forward(seq, use_cache=False, logits_to_keep=1).logits
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return seq
+
+
 def _score_batch(model, batch, config, stop, on_record) -> list[dict[str, Any]]:
     prompts = torch.tensor([t.input_ids for t in batch], device=model.device)
     spans = torch.tensor([t.span for t in batch], device=model.device)
-    # Steps past a row's stop token count for no score (trial_hits' `valid`): their argmax
-    # is not computed.
-    decoded = greedy_decode(
-        model,
-        prompts,
-        max_new_tokens=config.max_new_tokens,
-        stop_ids=stop,
-        capture_argmax=True,
-        skip_stopped_rows=True,
-    )
-    score, on_needle = trial_hits(decoded, prompts, spans)
-    score, on_needle = score.cpu().numpy(), on_needle.cpu().numpy()
-    texts = responses(model.tokenizer, decoded.tokens, decoded.lengths.tolist(), stop)
+    if model.attention_free:  # needle accuracy only: no head to score
+        tokens, lengths = generate_greedy(model, prompts, config.max_new_tokens, stop)
+        score = on_needle = np.zeros((len(batch), model.n_layers, 0))
+        texts = responses(model.tokenizer, tokens, lengths.tolist(), stop)
+    else:
+        # Steps past a row's stop token count for no score (trial_hits' `valid`): their
+        # argmax is not computed.
+        decoded = greedy_decode(
+            model,
+            prompts,
+            max_new_tokens=config.max_new_tokens,
+            stop_ids=stop,
+            capture_argmax=True,
+            skip_stopped_rows=True,
+        )
+        score, on_needle = trial_hits(decoded, prompts, spans)
+        score, on_needle = score.cpu().numpy(), on_needle.cpu().numpy()
+        texts = responses(model.tokenizer, decoded.tokens, decoded.lengths.tolist(), stop)
     out = []
     for j, (t, response) in enumerate(zip(batch, texts, strict=True)):
         recall = rouge1_recall(t.answer, response)

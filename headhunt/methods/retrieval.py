@@ -30,10 +30,15 @@ Each trial hides a needle sentence with a random answer in a haystack, asks for 
 greedily. A head scores when its attention argmax lies on the answer and the token there is the
 one just produced; trials count only when the answer is right (ROUGE-1 recall > 0.5). Writes
 manifest.json, scores.parquet, retrieval_heads.json (the reference's format), trials.jsonl,
-duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
+duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html.
+
+A model with no attention layers (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM) gets the needle
+accuracy only: the same trials decoded greedily by the model's own generate, each answer
+scored; no head scores (an empty scores table), no retrieval_heads.json or heatmap."""
     units = "decoding batches"
     top = 20
     panels = frozenset({NEEDLE_TRIALS})
+    runs_attention_free = True
 
     def prepare(self, config: RetrievalConfig) -> None:
         from headhunt.heads.inputs.needles import read_haystack
@@ -82,6 +87,8 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
             return None
         ctx.timings["trials_per_s"] = len(trials) / max(ctx.timings["trials_s"], 1e-9)
 
+        if model.attention_free:
+            return _accuracy_only(records, config, ctx)
         scores = R.aggregate(records, model)
         reference = R.reference_json(records, model.n_layers, model.n_heads)
         ctx.write("retrieval_heads.json", reference, indent=None, end="")
@@ -107,6 +114,14 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
 
     def show(self, run, top: int) -> None:
         manifest, s = run.manifest, run.manifest.get("summary", {})
+        if "needle_accuracy" in s:  # a model with no attention layers
+            print(
+                f"Needle accuracy {s['needle_accuracy']:.3f} +- {s['needle_accuracy_se']:.3f} "
+                f"(SE): {s['counted_trials']} of {s['trials']} trials answered (ROUGE-1 recall "
+                f"> {manifest['parameters'].get('min_recall', 0.5)}); mean recall "
+                f"{s['mean_recall']:.3f}. No attention layers: no retrieval heads to score."
+            )
+            return
         table = run.scores().top(self.metric, top)[["layer", "head", "kv_head", "value"]]
         table = table.rename(columns={"value": self.metric})
         print_table(table, title=f"Top {top} retrieval heads: {model_label(manifest)}")
@@ -139,3 +154,24 @@ duo_attention.tsv (layers x KV heads) and retrieval_heatmap.html."""
                 for i, v in enumerate(per.get(f"{layer}-{head}", []))
             ]
         return spread_frame(rows)
+
+
+def _accuracy_only(records, config, ctx):
+    """The run of a model with no attention layers: needle accuracy (the share of trials
+    answered, with its standard error) and mean ROUGE-1 recall; an empty scores table."""
+    import numpy as np
+    import pandas as pd
+
+    from headhunt.scores import COLUMNS, HeadScores
+
+    counted = np.array([r["counted"] for r in records], dtype=float)
+    acc = float(counted.mean())
+    ctx.extra["summary"] = {
+        "trials": len(records),
+        "counted_trials": int(counted.sum()),
+        "needle_accuracy": acc,
+        "needle_accuracy_se": float(np.sqrt(acc * (1 - acc) / len(records))),
+        "mean_recall": float(np.mean([r["recall"] for r in records])),
+        "attention_layers": [],
+    }
+    return HeadScores(pd.DataFrame({col: [] for col in COLUMNS}))

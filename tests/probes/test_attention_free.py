@@ -106,3 +106,64 @@ def test_mqar_cli_measures_accuracy_without_heads(family, tmp_path, capsys):
 
     (entry,) = [e for e in scan_runs(tmp_path) if e.path == out]
     assert entry.ok, entry.problem  # the dashboard lists it (0 heads is not a broken manifest)
+
+
+@pytest.mark.parametrize("family", ["mamba", "xlstm"])
+def test_needle_decoding_equals_recomputing(family):
+    """The needle trials of a model with no attention decode through its own generate (its
+    own recurrent state): the tokens equal greedy argmax over full forwards without any state,
+    and a row's length runs through its first stop token."""
+    from headhunt.heads.retrieval import generate_greedy
+    from headhunt.probes.tiny import word_tokenizer
+
+    tok = word_tokenizer()
+    model = tiny_causal_lm(family, vocab_size=len(tok), **FAMILIES[family])
+    hm = HookedModel(model=model, tokenizer=tok, name=family)
+    prompts = torch.randint(4, len(tok), (2, 24), generator=torch.Generator().manual_seed(0))
+    seq = prompts
+    with torch.no_grad():
+        for _ in range(5):
+            nxt = model(input_ids=seq, use_cache=False).logits[:, -1].argmax(-1)
+            seq = torch.cat([seq, nxt[:, None]], 1)
+    want = seq[:, prompts.shape[1] :]
+    tokens, lengths = generate_greedy(hm, prompts, 5, {int(want[0, 2])})
+    assert torch.equal(tokens[0, :3], want[0, :3]) and int(lengths[0]) == 3
+    free, n = generate_greedy(hm, prompts, 5, set())
+    assert torch.equal(free, want) and n.tolist() == [5, 5]
+
+
+def test_retrieval_cli_measures_needle_accuracy_without_heads(tmp_path, capsys):
+    """`headhunt retrieval` on a Mamba folder: every trial decoded and scored for its answer,
+    the needle accuracy (answered trials / trials) with its standard error in the manifest, an
+    empty scores table, no head files; the run reprints and the dashboard lists it."""
+    import json
+    import os
+
+    import pandas as pd
+
+    from headhunt.cli import main
+    from headhunt.probes.tiny import word_tokenizer
+    from headhunt.views.runs import scan_runs
+
+    tok = word_tokenizer()
+    tiny_causal_lm("mamba", vocab_size=len(tok)).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    out = tmp_path / "run"
+    argv = ["retrieval", "--model", str(tmp_path / "model"), "--out", str(out)]
+    argv += ["--lengths", "128", "--depths", "0,50", "--needles", "passkey,magic"]
+    argv += ["--max-new-tokens", "3", "--device", "cpu"]
+    assert main(argv) == 0
+    files = set(os.listdir(out))
+    assert {"manifest.json", "scores.parquet", "trials.jsonl"} <= files
+    assert not files & {"retrieval_heads.json", "duo_attention.tsv", "retrieval_heatmap.html"}
+    summary = json.loads((out / "manifest.json").read_text())["summary"]
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert summary["trials"] == len(trials) == 4
+    answered = sum(r["recall"] > 0.5 for r in trials)
+    assert summary["needle_accuracy"] == answered / 4 and summary["counted_trials"] == answered
+    assert all(r["response"] is not None for r in trials)
+    assert len(pd.read_parquet(out / "scores.parquet")) == 0
+    assert "Needle accuracy" in capsys.readouterr().out
+    assert main([*argv, "--resume"]) == 0
+    (entry,) = [e for e in scan_runs(tmp_path) if e.path == out]
+    assert entry.ok, entry.problem
