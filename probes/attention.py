@@ -682,6 +682,6 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         if hasattr(m, "layer_idx")
         and (hasattr(m, "config") or getattr(m, "headhunt_adapted", False))
     ]
-    found = [m for m in found if type(m).__name__.endswith("Attention")]
+    found = [m for m in found if type(m).__name__.endswith(("Attention", "MLA"))]
     # a module shared by several layers (layer index None) sorts last
     return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))

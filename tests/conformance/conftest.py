@@ -144,6 +144,14 @@ OVERRIDES: dict[str, dict] = {
         "axial_pos_shape": [16, 16],
         "axial_pos_embds_dim": [32, 32],
     },
+    # two MLA attentions per decoder layer, each its own cache layer (the model's layer
+    # indices 2i, 2i + 1); its rotary size is head_dim, which must be the rope part's
+    "longcat_flash": {
+        "head_dim": 8,
+        "zero_expert_num": 4,
+        "expert_ffn_hidden_size": 32,
+        "moe_topk": 2,
+    },
     "xmod": {"default_language": "en_XX"},  # its forward needs a language adapter chosen
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
     # one attention block (its weights shared) applied at two depths, each application a

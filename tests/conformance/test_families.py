@@ -135,7 +135,7 @@ FAMILIES: dict[str, str] = {
     "llama": "pass",
     "llama4": "pass",
     "llama4_text": "pass",
-    "longcat_flash": "refused: no attention module with a layer index",
+    "longcat_flash": "pass",
     "mamba": "refused: no attention layers: head scores need attention",
     "mamba2": "refused: no attention layers: head scores need attention",
     "marian": "refused: cross-attention or several attentions per layer",
@@ -383,3 +383,15 @@ def test_per_layer_key_head_counts_conform(zeroed):
     with pytest.raises(HeadhuntError) as err:
         _ = hm.group_size
     assert "\n" not in str(err.value) and "key heads varies per layer" in str(err.value)
+
+
+def test_two_attentions_per_decoder_layer_keep_their_indices():
+    """LongCat-Flash: two MLA attentions per decoder layer, cache layers 2i and 2i + 1, are
+    headhunt's layers 0-3 (each module at the index the model gives it); the residual stream
+    after "layer L" has no block of its own, refused in one line."""
+    hm = build_pair("longcat_flash").hooked
+    assert hm.attention_layers == [0, 1, 2, 3]
+    assert [m.layer_idx for m in hm.attention_modules] == [0, 1, 2, 3]
+    with pytest.raises(HeadhuntError) as err:
+        _ = hm.blocks
+    assert "\n" not in str(err.value) and "decoder layers" in str(err.value)
