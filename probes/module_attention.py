@@ -276,9 +276,66 @@ def _falcon(module: torch.nn.Module) -> None:
     module.forward = MethodType(_falcon_forward, module)
 
 
+# ------------------------------------------------------------- BERT-style self-attention
+
+
+def _bert_kernel(module, query, key, value, attention_mask, **_kwargs):
+    """The BERT-style module's own score code: ``q . k / sqrt(d)`` plus the additive mask,
+    softmax in the scores' dtype, then ``p @ v``."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(module.attention_head_size)
+    if attention_mask is not None:
+        scores = scores + _additive(attention_mask, scores.dtype)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
+                  cache=None, output_attentions=False, **kwargs):  # fmt: skip
+    """A BERT-style self-attention's forward around the seam (``query``, ``key``, ``value``
+    projections, the self-attention cache), as a decoder-only model runs it."""
+    if encoder_hidden_states is not None:
+        raise HeadhuntError(
+            f"layer {self.layer_idx} ({type(self).__name__}) is run as cross-attention; "
+            "headhunt captures self-attention"
+        )
+    from transformers.cache_utils import EncoderDecoderCache
+
+    b, n = hidden_states.shape[:2]
+    shape = (b, n, -1, self.attention_head_size)
+    q, k, v = (
+        proj(hidden_states).view(shape).transpose(1, 2)
+        for proj in (self.query, self.key, self.value)
+    )
+    if cache is not None:
+        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        k, v = own.update(k, v, self.layer_idx, kwargs=kwargs)
+    out, weights = attention.headhunt_attention(
+        self, q, k, v, _visible(attention_mask), scaling=1.0 / math.sqrt(self.attention_head_size)
+    )
+    return out.reshape(b, n, -1), weights
+
+
+def _git_forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
+    """``GitSelfAttention.forward`` (no encoder states argument) around the seam."""
+    return _bert_forward(self, hidden_states, attention_mask, None, cache, **kwargs)
+
+
+def _bert_style(module: torch.nn.Module) -> None:
+    """A self-attention module of the BERT lineage that computes attention in its own code (GIT,
+    Megatron-BERT, RemBERT as decoders): ``query``/``key``/``value`` projections, scores
+    ``q . k / sqrt(d)`` plus the model's additive mask, softmax; run as cross-attention it is
+    refused in one line."""
+    module.headhunt_kernel = _bert_kernel
+    own = _git_forward if type(module).__name__ == "GitSelfAttention" else _bert_forward
+    module.forward = MethodType(own, module)
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,
+    "GitSelfAttention": _bert_style,
+    "MegatronBertSelfAttention": _bert_style,
+    "RemBertSelfAttention": _bert_style,
     "GPTNeoSelfAttention": _gpt_neo,
     "GPTNeoXJapaneseAttention": _gpt_neox_japanese,
     "MptAttention": _mpt,

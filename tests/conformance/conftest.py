@@ -203,8 +203,19 @@ def _trained_query_scale(model: torch.nn.Module) -> None:
             module.weight.data.fill_(2 / module.weight.numel() ** 0.5)
 
 
+def _smaller_queries(model: torch.nn.Module) -> None:
+    """RemBERT's random init gives attention logits so spread that eager's float32 softmax
+    underflows to exactly 0 on some visible keys, and the statistics check (which keys a query
+    sees, read off eager's pattern) could not tell them from masked ones. Queries scaled by
+    0.1 keep every visible key's probability above 0."""
+    for name, module in model.named_modules():
+        if name.endswith("attention.self"):
+            module.query.weight.data.mul_(0.1)
+            module.query.bias.data.mul_(0.1)
+
+
 # Weights some families initialise to a degenerate value (after the seeded random init).
-AFTER_INIT = {"zaya": _unit_key_scale}
+AFTER_INIT = {"zaya": _unit_key_scale, "rembert": _smaller_queries}
 for _family in ("gemma4", "gemma4_assistant", "gemma4_text", "gemma4_unified"):
     AFTER_INIT[_family] = _trained_query_scale
 AFTER_INIT["gemma4_unified_text"] = AFTER_INIT["gemma4_unified_assistant"] = _trained_query_scale
@@ -339,8 +350,11 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     its query projection and where head h's query sits in that projection's output."""
     name = type(module).__name__
     d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
+    d = d or getattr(module, "attention_head_size", None)
     if name == "GPTNeoSelfAttention":  # q_proj: [.., heads * d]
         return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
+    if name in ("GitSelfAttention", "MegatronBertSelfAttention", "RemBertSelfAttention"):
+        return module.query, lambda h: slice(h * d, (h + 1) * d)  # query: [.., heads * d]
     if name == "MptAttention":  # Wqkv: [.., 3 * heads * d], queries first
         return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)
     if name in ("BloomAttention", "GPTNeoXJapaneseAttention"):  # [.., heads, 3, d], q first
