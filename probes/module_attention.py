@@ -290,9 +290,11 @@ def _bert_kernel(module, query, key, value, attention_mask, **_kwargs):
 
 
 def _bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
-                  cache=None, output_attentions=False, **kwargs):  # fmt: skip
+                  cache=None, output_attentions=False, sinusoidal_pos=None,
+                  **kwargs):  # fmt: skip
     """A BERT-style self-attention's forward around the seam (``query``, ``key``, ``value``
-    projections, the self-attention cache), as a decoder-only model runs it."""
+    projections, RoFormer's rotary positions where given, the self-attention cache), as a
+    decoder-only model runs it."""
     if encoder_hidden_states is not None:
         raise HeadhuntError(
             f"layer {self.layer_idx} ({type(self).__name__}) is run as cross-attention; "
@@ -306,6 +308,11 @@ def _bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_state
         proj(hidden_states).view(shape).transpose(1, 2)
         for proj in (self.query, self.key, self.value)
     )
+    if sinusoidal_pos is not None:  # RoFormer: rotary on q and k (and v, with rotary_value)
+        if self.rotary_value:
+            q, k, v = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v)
+        else:
+            q, k = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
     if cache is not None:
         own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         k, v = own.update(k, v, self.layer_idx, kwargs=kwargs)
@@ -320,22 +327,48 @@ def _git_forward(self, hidden_states, attention_mask=None, cache=None, **kwargs)
     return _bert_forward(self, hidden_states, attention_mask, None, cache, **kwargs)
 
 
+def _roformer_forward(self, hidden_states, attention_mask=None, sinusoidal_pos=None,
+                      encoder_hidden_states=None, cache=None, output_attentions=False,
+                      **kwargs):  # fmt: skip
+    """``RoFormerSelfAttention.forward`` (rotary positions as its third argument)."""
+    return _bert_forward(
+        self, hidden_states, attention_mask, encoder_hidden_states, cache,
+        sinusoidal_pos=sinusoidal_pos, **kwargs,
+    )  # fmt: skip
+
+
 def _bert_style(module: torch.nn.Module) -> None:
     """A self-attention module of the BERT lineage that computes attention in its own code (GIT,
-    Megatron-BERT, RemBERT as decoders): ``query``/``key``/``value`` projections, scores
+    Megatron-BERT, RemBERT, RoFormer with its rotary positions, as decoders):
+    ``query``/``key``/``value`` projections, scores
     ``q . k / sqrt(d)`` plus the model's additive mask, softmax; run as cross-attention it is
     refused in one line."""
     module.headhunt_kernel = _bert_kernel
-    own = _git_forward if type(module).__name__ == "GitSelfAttention" else _bert_forward
+    own = {"GitSelfAttention": _git_forward, "RoFormerSelfAttention": _roformer_forward}.get(
+        type(module).__name__, _bert_forward
+    )
     module.forward = MethodType(own, module)
 
 
+def _block_sparse(module: torch.nn.Module) -> None:
+    """BigBird's block-sparse attention (Zaheer et al., arXiv 2007.14062: random, window and
+    global blocks of keys per block of queries) is sparse attention: refused in one line."""
+    raise HeadhuntError(
+        f"{type(module).__name__}: block-sparse attention (random, window and global key "
+        "blocks) is sparse attention headhunt does not capture; its full attention "
+        "(attention_type='original_full') is captured"
+    )
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
+    "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,
     "GitSelfAttention": _bert_style,
     "MegatronBertSelfAttention": _bert_style,
     "RemBertSelfAttention": _bert_style,
+    "RoFormerSelfAttention": _bert_style,
+    "BigBirdSelfAttention": _bert_style,
     "GPTNeoSelfAttention": _gpt_neo,
     "GPTNeoXJapaneseAttention": _gpt_neox_japanese,
     "MptAttention": _mpt,

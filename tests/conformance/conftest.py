@@ -353,7 +353,13 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     d = d or getattr(module, "attention_head_size", None)
     if name == "GPTNeoSelfAttention":  # q_proj: [.., heads * d]
         return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
-    if name in ("GitSelfAttention", "MegatronBertSelfAttention", "RemBertSelfAttention"):
+    if name in (
+        "GitSelfAttention",
+        "MegatronBertSelfAttention",
+        "RemBertSelfAttention",
+        "RoFormerSelfAttention",
+        "BigBirdSelfAttention",
+    ):
         return module.query, lambda h: slice(h * d, (h + 1) * d)  # query: [.., heads * d]
     if name == "MptAttention":  # Wqkv: [.., 3 * heads * d], queries first
         return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)

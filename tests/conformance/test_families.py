@@ -34,7 +34,7 @@ FAMILIES: dict[str, str] = {
     "beam": "pass",
     "bert": "pass",
     "bert-generation": "pass",
-    "big_bird": "refused: no attention module with a layer index",
+    "big_bird": "refused: block-sparse attention",
     "bigbird_pegasus": "refused: cross-attention or several attentions per layer",
     "biogpt": "pass",
     "bitnet": "pass",
@@ -194,7 +194,7 @@ FAMILIES: dict[str, str] = {
     "roberta": "pass",
     "roberta-prelayernorm": "pass",
     "roc_bert": "pass",
-    "roformer": "refused: no attention module with a layer index",
+    "roformer": "pass",
     "rwkv": "refused: no attention layers: head scores need attention",
     "sarvam_mla": "pass",
     "sarvam_moe": "pass",
@@ -395,3 +395,15 @@ def test_two_attentions_per_decoder_layer_keep_their_indices():
     with pytest.raises(HeadhuntError) as err:
         _ = hm.blocks
     assert "\n" not in str(err.value) and "decoder layers" in str(err.value)
+
+
+def test_big_bird_full_attention_conforms(zeroed):
+    """BigBird's block-sparse attention is refused (the family's row); with
+    ``attention_type="original_full"`` its BERT-style attention, computed in the module's
+    own code, passes every check."""
+    pair = build_pair("big_bird", attention_type="original_full")
+    checks.check_dense_rows(pair)
+    checks.check_decode(pair)
+    checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
+    checks.check_prefill_stats(pair)
