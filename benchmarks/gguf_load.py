@@ -5,7 +5,7 @@ GGUF), each in a fresh process, with an empty $HEADHUNT_CACHE.
     HEADHUNT_CACHE=/tmp/empty python benchmarks/gguf_load.py smollm2-135m gemma3-270m
 
 Prints one JSON line per model: seconds of each load (wall, load_model to return; and its CPU
-seconds; torch, transformers and headhunt imported before), the ratios second / first, what
+seconds; the imports before it timed apart), the ratios second / first, what
 the first load wrote (the metadata entry; the GGUF joined from its chunks, for a model shipped
 in chunks; weight files: none) and the load average while it ran."""
 
@@ -19,24 +19,28 @@ import time
 
 CHILD = """
 import resource, sys, time
-import torch, transformers
-from headhunt.probes.hooked import load_model
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 t0, c0 = time.perf_counter(), cpu()
+import torch, transformers, transformers.modeling_utils, transformers.integrations.gguf.utils
+from transformers import AutoTokenizer, Gemma3ForCausalLM, LlamaForCausalLM
+from headhunt.probes.hooked import load_model
+t1, c1 = time.perf_counter(), cpu()
 m = load_model(sys.argv[1], device="cpu", dtype=sys.argv[2])
-print(time.perf_counter() - t0, cpu() - c0)
+print(time.perf_counter() - t1, cpu() - c1, t1 - t0, c1 - c0)
 """
 
 
-def one_load(spec: str, dtype: str) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one ``load_model`` call in a fresh process, after torch,
-    transformers and headhunt are imported (the same for both loads). CPU time is what the
-    load costs when other processes share the cores (the 2-core machine this was run on was)."""
+def one_load(spec: str, dtype: str) -> tuple[float, float, float, float]:
+    """(wall seconds, CPU seconds) of one ``load_model`` call in a fresh process, then those of
+    the imports before it: torch, transformers with its model-loading machinery and the two
+    bundled models' classes, headhunt (the same for both loads and for any model load, so
+    timed apart). CPU time is what the load costs when other processes share the cores (the
+    2-core machine this was run on was)."""
     out = subprocess.run(
         [sys.executable, "-c", CHILD, spec, dtype], capture_output=True, text=True, check=True
     )
-    wall, cpu = out.stdout.strip().splitlines()[-1].split()
-    return float(wall), float(cpu)
+    wall, cpu, import_wall, import_cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu), float(import_wall), float(import_cpu)
 
 
 def main() -> None:
@@ -47,7 +51,8 @@ def main() -> None:
     for spec in sys.argv[1:]:
         before = {p for _, p in entries(cache_root())}
         load1 = os.getloadavg()[0]
-        (first, first_cpu), (second, second_cpu) = one_load(spec, dtype), one_load(spec, dtype)
+        first, first_cpu, imp1, imp1_cpu = one_load(spec, dtype)
+        second, second_cpu, imp2, imp2_cpu = one_load(spec, dtype)
         new = [(k, p) for k, p in entries(cache_root()) if p not in before]
         written = [f for _, p in new for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
         print(
@@ -61,6 +66,11 @@ def main() -> None:
                     "first_load_cpu_s": round(first_cpu, 2),
                     "second_load_cpu_s": round(second_cpu, 2),
                     "cpu_ratio": round(second_cpu / first_cpu, 3),
+                    "imports_s": [round(imp1, 2), round(imp2, 2)],
+                    "imports_cpu_s": [round(imp1_cpu, 2), round(imp2_cpu, 2)],
+                    "cpu_ratio_with_imports": round(
+                        (second_cpu + imp2_cpu) / (first_cpu + imp1_cpu), 3
+                    ),
                     "metadata_bytes": sum(size_of(p) for k, p in new if k == "metadata"),
                     "joined_gguf_bytes": sum(size_of(p) for k, p in new if k == "joined"),
                     "weight_files_written": [

@@ -178,8 +178,8 @@ def make_recipe(path: Path, config) -> Recipe:
 
 def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     """The GGUF's tensors as transformers' ``load_gguf_checkpoint`` returns them (its loop,
-    step for step: dequantise, process, rename, copy, cast to ``dtype``), read from the mapped
-    file. ``on_tensor(i, n)`` is called after each tensor (a progress line)."""
+    step for step: dequantise, process, rename, cast to ``dtype``), read from the mapped file.
+    ``on_tensor(i, n)`` is called after each tensor (a progress line)."""
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType, dequantize
@@ -200,7 +200,12 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
             parsed_parameters=parsed,
         )
         if result.name in recipe.name_map:
-            tensor = torch.from_numpy(np.copy(result.weights))  # off the mapped file
+            weights = result.weights
+            # transformers copies every tensor; only one that still reads the mapped file (a
+            # float32 tensor) or a strided view needs it: the values are the same either way.
+            if np.may_share_memory(weights, blob) or not weights.flags.c_contiguous:
+                weights = np.copy(weights)
+            tensor = torch.from_numpy(weights)
             if dtype is not None:
                 tensor = tensor.to(dtype)
             parsed["tensors"][recipe.name_map[result.name]] = tensor

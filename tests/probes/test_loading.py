@@ -108,6 +108,24 @@ def test_chunked_gguf_is_joined_once_and_checked(tmp_path, monkeypatch):
         ChunkedGGUF("no_such_chunky_package", "install it").path()
 
 
+def test_a_chunked_gguf_without_room_to_join_is_refused_in_one_line(tmp_path, monkeypatch):
+    import hashlib
+    import shutil
+    from collections import namedtuple
+
+    from headhunt.probes.loading import ChunkedGGUF
+
+    monkeypatch.setenv("HEADHUNT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    good = hashlib.sha256(b"GGUFabcdef").hexdigest()
+    _chunk_package(tmp_path, "chunky_full", [b"GGUF", b"abc", b"def"], good)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(HeadhuntError, match="needs 10 B .* has 1 MB free: set HEADHUNT_CACHE"):
+        ChunkedGGUF("chunky_full", "install it").path()
+    assert not any((tmp_path / "cache" / "models").iterdir())  # nothing half-written
+
+
 def test_bf16_load_keeps_the_rotary_frequencies_in_float32(tiny_folder):
     import torch
 
