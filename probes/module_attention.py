@@ -350,6 +350,56 @@ def _bert_style(module: torch.nn.Module) -> None:
     module.forward = MethodType(own, module)
 
 
+# ------------------------------------------------------------- BART-style attention
+
+
+def _bart_kernel(module, query, key, value, attention_mask, **kwargs):
+    """The BART-style module's own score code: ``(q * scaling) . k`` plus the additive mask
+    (floored at the dtype's minimum), softmax (float32 for float16 scores), then ``p @ v``."""
+    scores = torch.matmul(query * kwargs["scaling"], key.transpose(-1, -2))
+    if attention_mask is not None:
+        scores = scores + _additive(attention_mask, scores.dtype)
+        scores = scores.clamp_min(torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _bart_forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None,
+                  **kwargs):  # fmt: skip
+    """A BART-style attention's forward around the seam (``q_proj``, ``k_proj``, ``v_proj``,
+    the self-attention cache, ``out_proj``), as a decoder-only model runs it."""
+    if key_value_states is not None:
+        raise HeadhuntError(
+            f"layer {self.layer_idx} ({type(self).__name__}) is run as cross-attention; "
+            "headhunt captures self-attention"
+        )
+    from transformers.cache_utils import EncoderDecoderCache
+
+    kwargs.pop("output_attentions", None)
+    b, n = hidden_states.shape[:2]
+    shape = (b, n, self.num_heads, self.head_dim)
+    q, k, v = (
+        proj(hidden_states).view(shape).transpose(1, 2)
+        for proj in (self.q_proj, self.k_proj, self.v_proj)
+    )
+    if cache is not None:
+        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        k, v = own.update(k, v, self.layer_idx, kwargs=kwargs)
+    out, weights = attention.headhunt_attention(
+        self, q, k, v, _visible(attention_mask), scaling=self.scaling
+    )
+    return self.out_proj(out.reshape(b, n, -1)), weights
+
+
+def _bart_style(module: torch.nn.Module) -> None:
+    """A BART-lineage attention module that computes attention in its own code (XGLM; TrOCR,
+    whose decoder layers also hold a cross-attention and are refused as such):
+    ``q_proj``/``k_proj``/``v_proj``/``out_proj``, scores ``(q * head_dim^-0.5) . k`` plus
+    the model's additive mask, softmax; run as cross-attention it is refused in one line."""
+    module.headhunt_kernel = _bart_kernel
+    module.forward = MethodType(_bart_forward, module)
+
+
 def _block_sparse(module: torch.nn.Module) -> None:
     """BigBird's block-sparse attention (Zaheer et al., arXiv 2007.14062: random, window and
     global blocks of keys per block of queries) is sparse attention: refused in one line."""
@@ -368,6 +418,8 @@ _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "MegatronBertSelfAttention": _bert_style,
     "RemBertSelfAttention": _bert_style,
     "RoFormerSelfAttention": _bert_style,
+    "TrOCRAttention": _bart_style,
+    "XGLMAttention": _bart_style,
     "BigBirdSelfAttention": _bert_style,
     "GPTNeoSelfAttention": _gpt_neo,
     "GPTNeoXJapaneseAttention": _gpt_neox_japanese,

@@ -152,6 +152,9 @@ OVERRIDES: dict[str, dict] = {
         "expert_ffn_hidden_size": 32,
         "moe_topk": 2,
     },
+    # the tiny shape's initializer range (0.2) under XGLM's name: at its default 0.02 every
+    # attention row is near uniform and masking a head moves the logits by under 1e-4
+    "xglm": {"init_std": 0.2},
     "xmod": {"default_language": "en_XX"},  # its forward needs a language adapter chosen
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
     # one attention block (its weights shared) applied at two depths, each application a
@@ -351,7 +354,7 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     name = type(module).__name__
     d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
     d = d or getattr(module, "attention_head_size", None)
-    if name == "GPTNeoSelfAttention":  # q_proj: [.., heads * d]
+    if name in ("GPTNeoSelfAttention", "XGLMAttention"):  # q_proj: [.., heads * d]
         return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
     if name in (
         "GitSelfAttention",
