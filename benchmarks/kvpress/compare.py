@@ -41,6 +41,7 @@ import queue
 import time
 from pathlib import Path
 
+import gemma3_rule as g3  # beside this script
 import numpy as np
 import pandas as pd
 import torch
@@ -49,17 +50,19 @@ from kvpress import (
     CriticalKVPress,
     DuoAttentionPress,
     ExpectedAttentionPress,
+    KnormPress,
     KVPressTextGenerationPipeline,
     KVzipPress,
     LUKVPress,
     SnapKVPress,
     StreamingLLMPress,
+    TOVAPress,
 )
 from kvpress.presses import duo_attention_press
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from headhunt.export import ModelShape, export
-from headhunt.kvbudget import fold_kv
+from headhunt.kvbudget import fold_kv, keep_shares, scaled
 from headhunt.kvpress_press import (
     HeadBudgetPress,
     HeadWeightedPress,
@@ -79,6 +82,26 @@ HEAD_PRESSES = (
     "hh_budget",
     "hh_spread",
     "hh_spread_recent",
+    "hh_duo_snap",
+)
+# Gemma 3 (text-only): every press under kvpress's Gemma 3 rule (global layers only, see
+# gemma3_rule.py), then two presses as kvpress ships them for this class (all 18 layers cut,
+# suffix _asis), then more scorer presses that run on it
+GEMMA_PRESSES = (
+    "streaming",
+    "snapkv",
+    "expected",
+    "kvzip",
+    "adakv",
+    "criticalkv",
+    "duo_fly",
+    "hh_duo",
+    "hh_budget",
+    "hh_spread_recent",
+    "knorm",
+    "tova",
+    "streaming_asis",
+    "snapkv_asis",
 )
 PRESSES = (
     "streaming",
@@ -166,7 +189,81 @@ def duo_head_ratio(target: float, length: int) -> float:
     return min(1.0, target / (1 - (DUO_SINK + DUO_RECENT) / length))
 
 
+def global_only(press: HeadBudgetPress, layers: list[int]) -> HeadBudgetPress:
+    """Under the Gemma 3 rule only the global layers are compressed: their budgets alone make up
+    the ratio (the sliding layers keep their window, share 1)."""
+
+    def shares() -> np.ndarray:
+        full = np.ones_like(press.head_scores)
+        full[layers] = keep_shares(
+            scaled(press.head_scores[layers]), 1 - press.compression_ratio, press.floor
+        )
+        return full
+
+    press.shares = shares
+    return press
+
+
+def duo_snap(pattern: np.ndarray, ratio: float, length: int) -> HeadBudgetPress:
+    """The next idea for the RULER-like loss at 0.75: headhunt's DuoAttention pattern with its
+    streaming heads keeping SnapKV-chosen tokens (plus 4 sink and 64 recent ones) instead of a
+    sink + recent window. The full heads are the ones ``hh_duo`` keeps full at this ratio; the
+    streaming heads share what is left of the budget equally, so the entries removed are the
+    ratio, as for every other press."""
+    n = pattern.size
+    n_full = n - round(n * duo_head_ratio(ratio, length))
+    full = np.zeros(n, dtype=bool)
+    full[np.argsort(pattern, axis=None, kind="stable")[n - n_full :]] = True
+    full = full.reshape(pattern.shape)
+    rest = ((1 - ratio) * n - n_full) / max(n - n_full, 1)
+    if rest < 0:
+        raise ValueError(f"{n_full} full heads alone keep more than {1 - ratio} of the entries")
+    shares = np.where(full, 1.0, rest)
+    press = HeadBudgetPress(
+        head_scores=pattern,
+        press=SnapKVPress(),
+        compression_ratio=ratio,
+        sink=SPREAD_SINK,
+        window=SPREAD_WINDOW,
+    )
+    press.shares = lambda: shares
+    return press
+
+
+def make_gemma_press(name: str, ratio: float, length: int, data: dict):
+    """The Gemma 3 deployments of the head-aware presses (``data["global"]``: the global
+    layers): DuoAttention streams whole global KV heads with a window widened so the removal is
+    exactly the ratio of the global entries (``gemma3_rule.duo_window``); HeadBudgetPress
+    spreads the ratio over the global layers only."""
+    layers = [int(i) for i in data["global"]]
+    if name in ("hh_duo", "duo_fly"):
+        k, window = g3.duo_window(ratio, length, len(layers), sink=DUO_SINK, recent=DUO_RECENT)
+        scores = data["duo"] if name == "hh_duo" else data["duo_fly"]
+        pattern = (DUO_SINK, window, g3.global_pattern(scores, layers))
+        press = DuoAttentionPress(head_compression_ratio=k / scores.size)
+        press.load_attention_pattern = lambda model: pattern
+        return press
+    if name == "hh_budget":
+        return global_only(HeadBudgetPress(head_scores=data["kv"], compression_ratio=ratio), layers)
+    if name == "hh_spread_recent":
+        press = HeadBudgetPress(
+            head_scores=data["spread_kv"],
+            press=RecencyPress(),
+            compression_ratio=ratio,
+            sink=SPREAD_SINK,
+            window=SPREAD_WINDOW,
+        )
+        return global_only(press, layers)
+    return make_press(name.removesuffix("_asis"), ratio, length, None)
+
+
 def make_press(name: str, ratio: float, length: int, data: dict | None):
+    if data is not None and "global" in data:
+        return make_gemma_press(name, ratio, length, data)
+    if name == "knorm":
+        return KnormPress(compression_ratio=ratio)
+    if name == "tova":
+        return TOVAPress(compression_ratio=ratio)
     if name == "streaming":
         return StreamingLLMPress(compression_ratio=ratio)
     if name == "snapkv":
@@ -198,6 +295,8 @@ def make_press(name: str, ratio: float, length: int, data: dict | None):
         return AdaKVPress(inner)
     if name == "hh_budget":
         return HeadBudgetPress(head_scores=data["kv"], compression_ratio=ratio)
+    if name == "hh_duo_snap":
+        return duo_snap(data["duo"], ratio, length)
     if name in ("hh_spread", "hh_spread_recent"):
         tokens = RecencyPress() if name == "hh_spread_recent" else ExpectedAttentionPress()
         return HeadBudgetPress(
@@ -210,12 +309,14 @@ def make_press(name: str, ratio: float, length: int, data: dict | None):
     raise ValueError(name)
 
 
-def run_one(pipe, model, press, ex: dict, max_new_tokens: int) -> dict:
-    """One example as the pipeline's ``_forward`` runs it, timed in two stages."""
+def run_one(pipe, model, press, ex: dict, max_new_tokens: int, gemma: str = "") -> dict:
+    """One example as the pipeline's ``_forward`` runs it, timed in two stages. ``gemma``:
+    "rule" (Gemma 3 under kvpress's Gemma 3 rule: a cache with transformers' sliding windows and
+    positioned global layers) or "asis" (kvpress as shipped for Gemma3ForCausalLM)."""
     device = model.device
     ctx = torch.tensor([ex["context_ids"]], device=device)
     question = torch.tensor([ex["question_ids"]], device=device)
-    cache = DynamicCache()
+    cache = g3.positioned_cache(model) if gemma == "rule" else DynamicCache()
     sync()
     t0 = time.perf_counter()
     # no_grad around the press too, as the pipeline runs: KVzip scores after its yield
@@ -224,6 +325,7 @@ def run_one(pipe, model, press, ex: dict, max_new_tokens: int) -> dict:
     sync()
     t1 = time.perf_counter()
     held, kept = kv_entries(model, cache)
+    per_layer = g3.layer_entries(model, cache) if gemma else None
     with torch.no_grad():
         answer = pipe.generate_answer(
             question_ids=question,
@@ -239,10 +341,19 @@ def run_one(pipe, model, press, ex: dict, max_new_tokens: int) -> dict:
             reported = float(press.compression_ratio)
         except (AssertionError, AttributeError):
             reported = None
+    extra = {}
+    if per_layer is not None:  # Gemma 3: the global layers apart (the ratio's base)
+        glob = g3.global_layers(model)
+        extra = {
+            "held_global": sum(per_layer[i][0] for i in glob),
+            "kept_global": sum(per_layer[i][1] for i in glob),
+            "context": int(ctx.shape[1]),
+        }
     return {
         "response": answer,
         "held": held,
         "kept": kept,
+        **extra,
         "reported_ratio": reported,
         "prefill_s": t1 - t0,
         "decode_s": t2 - t1,
@@ -264,6 +375,9 @@ def prepare(a, model, tok, presses: list[str], folder: Path) -> dict:
     scores, kvpress's DuoAttention on-the-fly scores, the attention spread. Saved to
     ``folder/arrays.npz`` for the workers."""
     data = head_data(model, Path(a.scores), folder)
+    if g3.is_gemma3_text(model):
+        data["global"] = np.array(g3.global_layers(model))
+        g3.rope_default_global(True)  # the on-the-fly scorer rotates without a layer type
     duo_attention_press.load_dataset = local_booksum(essay_chunks())
     seconds = {"headhunt_export": data.pop("export_s")}
     t0 = time.perf_counter()
@@ -297,11 +411,18 @@ def loaded(folder: Path) -> dict:
 
 
 def run_condition(pipe, model, name, ratio, examples, data, a, f, **extra) -> None:
+    gemma = ""
+    if g3.is_gemma3_text(model):
+        gemma = "asis" if name.endswith("_asis") else "rule"
     for ex in examples:
-        press = None if name == "none" else make_press(name, ratio, ex["length"], data)
         try:
+            # Gemma 3: the context's true length sets DuoAttention's window (exact removal)
+            length = len(ex["context_ids"]) if gemma else ex["length"]
+            press = None if name == "none" else make_press(name, ratio, length, data)
             tokens = ex.get("max_new_tokens", a.max_new_tokens)
-            rec = run_one(pipe, model, press, ex, tokens)
+            g3.rope_default_global(gemma == "rule")
+            with g3.rule(gemma == "rule"):
+                rec = run_one(pipe, model, press, ex, tokens, gemma)
         except Exception as e:  # a press that cannot run this model: said, not hidden
             rec = {"error": f"{type(e).__name__}: {e}"[:300]}
         row = {"press": name, "ratio": ratio, "id": ex["id"], **rec, **extra}
@@ -330,9 +451,24 @@ def worker(index: int, a, tasks, deadline: float, part: str) -> None:
     print(f"worker {index}: {done} chunks", flush=True)
 
 
+def interleave(examples: list[dict]) -> list[dict]:
+    """The examples with each task spread evenly over the list (its i-th of n at (i + 0.5) / n),
+    so that any prefix, e.g. the chunks a deadline left done, holds every task in proportion."""
+    seen: dict[str, int] = {}
+    counts = {t: sum(e["task"] == t for e in examples) for t in {e["task"] for e in examples}}
+    keyed = []
+    for i, e in enumerate(examples):
+        j = seen[e["task"]] = seen.get(e["task"], -1) + 1
+        keyed.append(((j + 0.5) / counts[e["task"]], i, e))
+    return [e for *_, e in sorted(keyed, key=lambda t: t[:2])]
+
+
 def read_examples(a) -> list[dict]:
     lines = Path(a.examples).read_text().splitlines()
-    return [json.loads(x) for x in lines][: a.limit or None]
+    examples = [json.loads(x) for x in lines]
+    if a.by_chunk:
+        examples = interleave(examples)
+    return examples[: a.limit or None]
 
 
 def compare(a) -> None:
@@ -342,7 +478,8 @@ def compare(a) -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     folder = out.parent / "head_data"
-    presses = a.presses.split(",") if a.presses else list(PRESSES)
+    gemma = g3.is_gemma3_text(model)
+    presses = a.presses.split(",") if a.presses else list(GEMMA_PRESSES if gemma else PRESSES)
     data = prepare(a, model, tok, presses, folder)
     meta = {
         "model": a.model,
@@ -360,10 +497,14 @@ def compare(a) -> None:
     # and headhunt's), then the plain scorers
     order = sorted(a.ratios, key=lambda r: (r not in (0.5, 0.75), r))
     bar = ("kvzip", "adakv", "criticalkv", *HEAD_PRESSES)
-    slow = sorted(presses, key=lambda p: bar.index(p) if p in bar else len(bar))
+    slow = presses if gemma else sorted(presses, key=lambda p: bar.index(p) if p in bar else 99)
     conds = [("none", 0.0)] + [(p, r) for r in order for p in slow]
     chunk = a.chunk
-    tasks = [(n, r, lo, lo + chunk) for n, r in conds for lo in range(0, len(examples), chunk)]
+    los = range(0, len(examples), chunk)
+    if a.by_chunk:  # every condition gets the same first chunks: a deadline leaves them paired
+        tasks = [(n, r, lo, lo + chunk) for lo in los for n, r in conds]
+    else:
+        tasks = [(n, r, lo, lo + chunk) for n, r in conds for lo in los]
     deadline = start + a.deadline
     parts = [str(out.parent / f"{out.stem}.part{i}.jsonl") for i in range(a.workers)]
     if a.workers > 1:
@@ -499,6 +640,11 @@ def main() -> None:
     p.add_argument("--presses", default="")
     p.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",")], default=RATIOS)
     p.add_argument("--limit", type=int, default=0)
+    p.add_argument(
+        "--by-chunk",
+        action="store_true",
+        help="interleave the tasks and queue chunk by chunk (every condition the same examples)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=20, help="unless an example sets it")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--chunk", type=int, default=10, help="examples per queued task")

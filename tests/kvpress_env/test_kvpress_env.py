@@ -177,3 +177,22 @@ def test_recency_press_keeps_the_most_recent_tokens_per_head_budget(model):
     # head (0, 0) keeps all; the three others a third each: the sink and the newest tokens
     assert dropped == list(range(2, 2 + len(dropped)))
     assert len(dropped) == TOKENS - round(TOKENS * press.shares()[1, 0]) == 85
+
+
+def test_duo_snap_keeps_the_pattern_full_heads_whole_and_the_ratio(model):
+    """benchmarks/kvpress/compare.py's ``duo_snap``: DuoAttention's full heads (those the
+    pattern ranks highest, as many as DuoAttention keeps at the ratio at 4,096 tokens) keep every
+    entry; the streaming heads share the rest of the budget, tokens chosen by SnapKV."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kvpress"))
+    from compare import duo_snap
+
+    pattern = np.array([[0.9, 0.1], [0.0, 0.6]])
+    press = duo_snap(pattern, 0.6, 4096)  # DuoAttention streams round(4 x 0.662) = 3 heads
+    assert press.shares().ravel().tolist() == pytest.approx([1.0, 0.2, 0.2, 0.2])
+    press.press.window_size = 8  # SnapKV's observation window, shorter than the 128 tokens
+    held, kept, _ = prefill(model, press)
+    assert kept == TOKENS + 3 * round(0.2 * TOKENS)
+    assert masked_per_head(model, 0)[0] == 0 and masked_per_head(model, 0)[1] > 0
