@@ -173,7 +173,8 @@ def head_data(model, scores_json: Path, out: Path) -> dict:
     export("lukv", out / "lukv", matrix, shape)
     export("adakv", out / "adakv", matrix, shape)
     seconds = time.perf_counter() - t0
-    duo = np.clip(np.loadtxt(out / "duo" / "full_attention_heads.tsv", delimiter="\t"), 0, 1)
+    tsv = out / "duo" / "full_attention_heads.tsv"  # ndmin: one KV head a layer (Gemma 3)
+    duo = np.clip(np.loadtxt(tsv, delimiter="\t", ndmin=2), 0, 1)
     return {
         "duo": duo,
         "lukv": np.load(out / "lukv" / "budget_curve.npy"),

@@ -37,6 +37,11 @@ NAMES = {
     "hh_budget": "headhunt HeadBudgetPress",
     "hh_spread": "headhunt spread budgets (ExpectedAttention)",
     "hh_spread_recent": "headhunt spread budgets (recent)",
+    "hh_duo_snap": "headhunt DuoAttention pattern, SnapKV tokens in streaming heads",
+    "knorm": "Knorm",
+    "tova": "TOVA",
+    "streaming_asis": "StreamingLLM, kvpress as shipped (all layers)",
+    "snapkv_asis": "SnapKV, kvpress as shipped (all layers)",
 }
 HEAD_AWARE = ("duo_fly", "adakv", "criticalkv")  # the issue's bar: >= 2 points above these
 
@@ -60,6 +65,12 @@ def scored(results: Path, examples: Path) -> pd.DataFrame:
     full = df[(df["press"] == "none") & df["timing"].isna()].set_index("id")["held"]
     df["removed"] = 1 - df["kept"] / full.loc[df["id"]].to_numpy()
     df["held_share"] = df["held"] / full.loc[df["id"]].to_numpy()
+    df["removed_all"] = df["removed"]
+    if "held_global" in df and df["held_global"].notna().any():
+        # Gemma 3: the ratio's base is the global layers' entries (kvpress's Gemma 3 rule);
+        # removed_all counts every entry held, the sliding layers' windows included
+        glob = df[(df["press"] == "none") & df["timing"].isna()].set_index("id")["held_global"]
+        df["removed"] = 1 - df["kept_global"] / glob.loc[df["id"]].to_numpy()
     errors = pd.DataFrame([r for r in rows if "error" in r])
     return df, errors
 
@@ -111,7 +122,9 @@ def summarize(df: pd.DataFrame, entry_bytes: int) -> pd.DataFrame:
                 "reported_ratio": g["reported_ratio"].mean()
                 if g["reported_ratio"].notna().any()
                 else np.nan,
+                "removed_all": g["removed_all"].mean(),
                 "kept_entries": g["kept"].mean(),
+                "kv_mib_held": g["held"].mean() * entry_bytes / 2**20,
                 "kv_mib_kept": g["kept"].mean() * entry_bytes / 2**20,
                 "held_share": g["held_share"].mean(),
                 "best_hh": entry,
