@@ -20,6 +20,8 @@ if [ -d $ST/gsrc/headhunt ]; then
   for d in heads probes kernels; do cp -r $ST/gsrc/$d $K/hh/headhunt/$d; done
   rm -rf $K/benchmarks && cp -r $ST/gsrc/benchmarks $K/
 fi
+# a later call's fixes to the scripts alone (the package does not fit beside the last piece)
+[ -d $ST/gfix ] && cp $ST/gfix/*.py $K/benchmarks/kvpress/
 export PYTHONPATH=$K/hh:/tmp/site
 for f in $K/gfiles/*.gz; do [ -f "$f" ] && gunzip -f "$f"; done
 echo "pieces: $(ls $K/g | tr '\n' ' ')"
