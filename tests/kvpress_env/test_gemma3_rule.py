@@ -140,3 +140,24 @@ def test_duo_window_removes_the_target_exactly():
         assert abs(k * (4096 - 128 - window) / (3 * 4096) - target) < 1e-3
     assert g3.duo_window(0.5, 4096, 3) == (2, 896)
     assert g3.duo_window(0.75, 4096, 3) == (3, 896)
+
+
+def test_adakv_with_one_kv_head_a_layer_is_its_inner_press(model):
+    """docs/kv.md leaves AdaKV out on Gemma 3 270M (one KV head a layer): spreading a layer's
+    budget over its KV heads is then a no-op, so AdaKV(ExpectedAttention) masks exactly the
+    entries ExpectedAttention drops, and answers alike."""
+    from kvpress import AdaKVPress, ExpectedAttentionPress
+
+    x = ids(3)
+    inner = answer_logits(
+        model, ExpectedAttentionPress(compression_ratio=0.5), x, g3.positioned_cache(model)
+    )
+    ada = answer_logits(
+        model,
+        AdaKVPress(ExpectedAttentionPress(compression_ratio=0.5)),
+        x,
+        g3.positioned_cache(model),
+    )
+    torch.testing.assert_close(ada, inner, atol=1e-4, rtol=1e-4)
+    full = answer_logits(model, None, x, g3.positioned_cache(model))
+    assert (inner - full).abs().max() > 1e-3  # the press does change the answer
