@@ -168,6 +168,12 @@ class HookedModel:
                 f"({type(shared[0]).__name__}) runs at several layers, with no layer index of "
                 "its own; headhunt captures one attention module per layer"
             )
+        cross = _cross_attention_name(self.model)
+        if not by_layer and cross is not None:  # the decoder of an encoder-decoder model
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: its decoder layers hold cross-attention ({cross}) "
+                "to an encoder; headhunt captures decoder-only self-attention"
+            )
         if not by_layer:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: no attention module with a layer index (recurrent "
@@ -639,6 +645,19 @@ def _index_shared_blocks(model: torch.nn.Module, found: list, n_layers: int) -> 
             m.layer_idx = next(iter(homes))[1]
             m.headhunt_indexed = True  # the index is headhunt's: the forward's must match it
     return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))
+
+
+# Names transformers' decoders give the attention that reads an encoder's states.
+_CROSS_ATTENTION_NAMES = ("encoder_attn", "cross_attn", "crossattention", "cross_attention")
+
+
+def _cross_attention_name(model: torch.nn.Module) -> str | None:
+    """The class of the first cross-attention module (an encoder-decoder model's decoder), or
+    None."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in _CROSS_ATTENTION_NAMES:
+            return type(module).__name__
+    return None
 
 
 def _uses_attention_interface(model: torch.nn.Module) -> bool:
