@@ -89,8 +89,8 @@ def test_load_model_refuses_a_family_it_cannot_capture(tmp_path):
     from headhunt.probes import load_model
     from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
 
-    # attention in its own module code, which headhunt has no adapter for
-    tiny_causal_lm("xglm").save_pretrained(tmp_path)
+    # XLNet's two-stream attention, in its own module code, which headhunt has no adapter for
+    tiny_causal_lm("xlnet").save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(HeadhuntError, match="no attention module") as err:
         load_model(str(tmp_path), device="cpu")
