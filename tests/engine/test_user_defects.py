@@ -152,6 +152,9 @@ def test_retrieval_std_is_the_sample_std_the_dashboard_shows():
     class Shape:
         n_layers, n_heads, n_kv_heads, attention_layers = 1, 2, 1, [0]
 
+        def score_kv_heads(self):
+            return self.n_kv_heads
+
     values = [[[0.0, 1.0]], [[1.0, 1.0]], [[0.5, 0.0]]]
     records = [{"counted": True, "scores": v, "on_needle": v} for v in values]
     table = aggregate(records, Shape()).df
