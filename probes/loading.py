@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import sys
 import time
 import warnings
@@ -150,31 +151,17 @@ def check_gguf(path: Path) -> str:
 
 
 def _read_gguf(path: Path):
-    """The GGUF's reader (every field parsed: seconds for a tokenizer's vocabulary), or a
-    one-line error for a file that is not a readable GGUF of an architecture transformers
-    reads."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise HeadhuntError(f"{path} is not a GGUF file (bad magic bytes)")
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise HeadhuntError(
-            "reading GGUF files needs the `gguf` package: pip install gguf"
-        ) from None
+    """The GGUF's reader (every field parsed: seconds for a tokenizer's vocabulary) and its
+    architecture, or a one-line error for a file gguf-py cannot read."""
+    _need_gguf()
+    from gguf import GGUFReader
+
     try:
         reader = GGUFReader(path)
         field = reader.fields["general.architecture"]
         arch = bytes(field.parts[field.data[0]]).decode()
     except Exception as e:  # a truncated or corrupt file raises many kinds of error
         raise HeadhuntError(f"{path} is a corrupt GGUF file ({type(e).__name__}: {e})") from None
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    if not any(a in arch for a in GGUF_SUPPORTED_ARCHITECTURES):
-        raise HeadhuntError(
-            f"{path.name}: GGUF architecture {arch!r} is not supported by transformers "
-            f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
-        )
     return reader, arch
 
 
@@ -197,17 +184,47 @@ class GGUFFacts:
 
 def gguf_facts(path: Path) -> GGUFFacts:
     """The GGUF's architecture, ``general.name`` and parameter count (from its tensor shapes;
-    nothing dequantised), or a one-line error if transformers cannot read it."""
+    nothing dequantised), or a one-line error if transformers cannot read it. Read from the
+    header by :func:`headhunt.probes.gguf_weights.read_header` (gguf-py's reader, which builds
+    every metadata field, only for a header that parser does not read: big-endian)."""
     known = _memo("gguf_facts.json", _file_key(path))
-    if isinstance(known, dict):  # parsed once per file (a later load reads nothing of it)
+    if isinstance(known, dict):  # read once per file
         return GGUFFacts(**known)
-    reader, arch = _read_gguf(path)
-    field = reader.fields.get("general.name")
-    name = bytes(field.parts[field.data[0]]).decode() if field is not None else None
-    n = sum(int(math.prod(int(d) for d in t.shape)) for t in reader.tensors)
+    from headhunt.probes.gguf_weights import UnreadableHeader, read_header
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise HeadhuntError(f"{path} is not a GGUF file (bad magic bytes)")
+    try:
+        header = read_header(path)
+        arch, name = header.architecture, header.name
+        n = sum(math.prod(e.dims) for e in header.tensors)
+    except UnreadableHeader:
+        reader, arch = _read_gguf(path)
+        field = reader.fields.get("general.name")
+        name = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+        n = sum(int(math.prod(int(d) for d in t.shape)) for t in reader.tensors)
+    except (struct.error, ValueError, OSError) as e:  # a truncated or corrupt file
+        raise HeadhuntError(f"{path} is a corrupt GGUF file ({type(e).__name__}: {e})") from None
+    _check_supported(path, arch)
     facts = GGUFFacts(architecture=arch, name=name, n_parameters=n)
     _memo("gguf_facts.json", _file_key(path), dataclasses.asdict(facts))
     return facts
+
+
+def _need_gguf() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise HeadhuntError("reading GGUF files needs the `gguf` package: pip install gguf")
+
+
+def _check_supported(path: Path, arch: str) -> None:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if not any(a in arch for a in GGUF_SUPPORTED_ARCHITECTURES):
+        raise HeadhuntError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported by transformers "
+            f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
+        )
 
 
 def gguf_cache_folder(path: Path) -> Path:
@@ -242,6 +259,7 @@ def _load_gguf(
     if dtype not in _DTYPES:
         raise HeadhuntError(f"cannot dequantise a GGUF to {dtype}")
     facts = gguf_facts(path)
+    _need_gguf()
     what = f"{path.name} ({facts.name or facts.architecture}, {facts.n_parameters / 1e6:.0f}M parameters)"
     if _transformers_own_pipeline(facts.architecture):
         return _convert_with_transformers(path, dtype, what)

@@ -14,7 +14,7 @@ DESCRIPTION = """What headhunt keeps on disk, and how to remove it.
 A .gguf model's weights are read from the file itself at every load; no copy of them is kept.
 The first load of a .gguf parses its metadata (config, tokenizer, tensor names: tens of seconds)
 and keeps the result in $HEADHUNT_CACHE/gguf (default ~/.cache/headhunt), one entry per file
-content, a few MB (the tokenizer; about 34 MB for Gemma 3's 262k-token vocabulary); later loads
+content, a few MB (the tokenizer; about 33 MB for Gemma 3's 262k-token vocabulary); later loads
 read it. A registry model shipped in chunks is joined once into $HEADHUNT_CACHE/models. `list`
 shows every entry and its size, including the float32/bfloat16 weight copies older headhunt
 versions wrote ("old copy": nothing reads them now); `clear` removes the GGUF entries and the old

@@ -141,3 +141,26 @@ def test_cache_list_and_clear(cache, tiny_gguf, capsys):
     assert (cache / "models" / "joined.gguf").is_file()  # kept without --all
     assert main(["cache", "clear", "--all"]) == 0
     assert not any((cache / "models").iterdir())
+
+
+def test_an_architecture_of_transformers_newer_pipeline_is_converted_by_it_in_memory(
+    cache, tiny_gguf, capsys, monkeypatch
+):
+    """qwen35, lfm2, ...: gguf_weights does not reproduce that pipeline, so transformers
+    converts them itself at every load, and nothing is written."""
+    from transformers import AutoModelForCausalLM
+
+    assert loading._transformers_own_pipeline("qwen35")  # transformers 5.24's newer pipeline
+    assert not loading._transformers_own_pipeline("llama")
+    assert not loading._transformers_own_pipeline("gemma3")
+    monkeypatch.setattr(loading, "_transformers_own_pipeline", lambda arch: arch == "llama")
+    model, _ = loading._load_gguf(tiny_gguf, dtype="float32")
+    assert "in memory with transformers (nothing is written)" in capsys.readouterr().err
+    assert not (cache / "gguf").exists()
+    theirs = AutoModelForCausalLM.from_pretrained(
+        tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype="float32"
+    )
+    a, b = model.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert getattr(model, "hf_quantizer", None) is None
+    assert not hasattr(model.config, "quantization_config")

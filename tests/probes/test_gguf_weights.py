@@ -43,9 +43,10 @@ def test_the_header_parser_reads_each_tensor_as_gguf_reader_does(tmp_path, tied)
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, tied=tied)
-    architecture, table = gguf_weights.tensor_table(path)
+    header = gguf_weights.read_header(path)
+    table = header.tensors
     reader = GGUFReader(path)
-    assert architecture == "llama"
+    assert (header.architecture, header.name) == ("llama", "Tiny GGUF Llama")
     assert [e.name for e in table] == [t.name for t in reader.tensors]
     blob = np.memmap(path, mode="r", dtype=np.uint8)
     for entry, theirs in zip(table, reader.tensors, strict=True):
@@ -54,6 +55,36 @@ def test_the_header_parser_reads_each_tensor_as_gguf_reader_does(tmp_path, tied)
         assert (ours.dtype, ours.shape) == (theirs.data.dtype, theirs.data.shape), entry.name
         assert np.array_equal(ours, theirs.data), entry.name
     assert {int(t.tensor_type) for t in reader.tensors} >= {0, 1, 2, 3, 8, 12, 14}
+
+
+def _same_as_gguf_dequantize(path: Path) -> int:
+    """Check gguf_weights.dequantize against gguf.dequantize on every tensor of a file; return
+    the number of tensors compared."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    blob = np.memmap(path, mode="r", dtype=np.uint8)
+    tensors = gguf_weights.read_header(path).tensors
+    for entry in tensors:
+        data, qtype = gguf_weights.tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type)
+        ours, theirs = gguf_weights.dequantize(data, qtype), dequantize(data, qtype)
+        assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape), entry.name
+        assert ours.tobytes() == theirs.tobytes(), entry.name  # bit for bit, NaNs included
+    return len(tensors)
+
+
+def test_dequantising_in_larger_row_groups_is_gguf_dequantize_bit_for_bit(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    assert _same_as_gguf_dequantize(path) == 20
+    monkeypatch.setattr(gguf_weights, "_CHUNK_ELEMENTS", 1000)  # groups that split a tensor
+    assert _same_as_gguf_dequantize(path) == 20
+
+
+@pytest.mark.slow
+def test_dequantising_the_bundled_models_in_larger_row_groups_is_bit_for_bit():
+    """Q4_1, Q8_0 (SmolLM2), Q8_0, Q5_0, Q4_K, Q6_K (Gemma 3)."""
+    for spec in ("smollm2-135m", "gemma3-270m"):
+        assert _same_as_gguf_dequantize(loading.REGISTRY[spec].path()) > 200
 
 
 @pytest.mark.parametrize(
