@@ -635,7 +635,7 @@ def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> N
     scored as another layer's."""
     if getattr(module, "headhunt_indexed", False):
         told = kwargs.get("layer_idx", args[1] if len(args) > 1 else None)
-        if told != module.layer_idx:
+        if told is not None and told != module.layer_idx:
             raise HeadhuntError(
                 f"{type(module).__name__} at layer {module.layer_idx} was called as layer "
                 f"{told}: one attention module runs at several layers; headhunt captures one "

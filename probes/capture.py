@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -356,6 +357,11 @@ def greedy_decode(
     tokens, argmax = [], []
     if cache is None:
         cache = cache_for_stateful(model.model)
+    if cache_kwarg(model.model) not in inspect.signature(model.model.forward).parameters:
+        raise HeadhuntError(
+            f"{type(model.model).__name__} takes no KV cache (its forward has no cache "
+            "argument); headhunt decodes with one"
+        )
     with model.hooks(*hooks):
         n = prompts.shape[1]
         m, pos = _mask_and_positions(mask, n - 1)

@@ -42,7 +42,8 @@ def adapt(model: torch.nn.Module) -> int:
         if route is None:
             continue
         if not getattr(module, "headhunt_adapted", False):
-            route(module)
+            if route(module) is False:  # another class of that name: not this adapter's
+                continue
             module.headhunt_adapted = True
         routed += 1
     return routed
@@ -276,6 +277,45 @@ def _falcon(module: torch.nn.Module) -> None:
     module.forward = MethodType(_falcon_forward, module)
 
 
+# ------------------------------------------------------------------------ GPT-1
+
+
+def _openai_kernel(module, query, key, value, attention_mask, **kwargs):
+    """GPT-1's score code: ``q . k`` (divided by ``sqrt(d)`` when the module scales), keys its
+    causal buffer or the model's mask hide set far below every visible score, softmax."""
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if module.scale:
+        scores = scores / math.sqrt(value.size(-1))
+    if attention_mask is not None:
+        scores = scores + _additive(attention_mask, scores.dtype)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
+    """GPT-1's ``_attn`` through the seam: keys come transposed ([b, h, d, n]); the module's
+    ``bias`` buffer (its causal rule) joins the model's padding mask in the call's mask."""
+    k = k.transpose(-1, -2)
+    nq, nk = q.shape[2], k.shape[2]
+    mask = self.bias[:, :, nk - nq : nk, :nk].bool()
+    if attention_mask is not None:
+        mask = mask & _visible(attention_mask)
+    scaling = 1.0 / math.sqrt(v.size(-1)) if self.scale else 1.0
+    out, weights = attention.headhunt_attention(self, q, k, v, mask, scaling=scaling)
+    return [out.transpose(1, 2)] + ([weights] if output_attentions else [])
+
+
+def _openai(module: torch.nn.Module) -> bool | None:
+    """GPT-1's ``Attention`` (OpenAI GPT, Radford et al. 2018): fused ``c_attn``, a causal
+    ``bias`` buffer, scores ``q . k / sqrt(d)``. It carries no layer index: headhunt gives it
+    its block's (see ``HookedModel``). The model keeps no KV cache, so decoding is refused."""
+    if not hasattr(module, "c_attn") or not hasattr(module, "scale"):
+        return False
+    module.layer_idx = None  # headhunt's own, from the block that holds it
+    module.headhunt_kernel = _openai_kernel
+    module._attn = MethodType(_openai_attn, module)
+
+
 # ------------------------------------------------------------- BERT-style self-attention
 
 
@@ -411,6 +451,7 @@ def _block_sparse(module: torch.nn.Module) -> None:
 
 
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
+    "Attention": _openai,
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,

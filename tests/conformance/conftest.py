@@ -354,6 +354,9 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     name = type(module).__name__
     d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
     d = d or getattr(module, "attention_head_size", None)
+    if name == "Attention" and hasattr(module, "c_attn"):  # GPT-1's c_attn: [.., 3 * dim]
+        d = module.split_size // module.n_head
+        return module.c_attn, lambda h: slice(h * d, (h + 1) * d)
     if name in ("GPTNeoSelfAttention", "XGLMAttention"):  # q_proj: [.., heads * d]
         return module.q_proj, lambda h: slice(h * d, (h + 1) * d)
     if name in (
@@ -377,9 +380,17 @@ def _zero_module_queries(model, heads: list[tuple[int, int]]) -> list:
     """Forward hooks that zero the queries of ``heads`` in modules captured through their own
     code (the reference :func:`_reference_attention` cannot reach)."""
     handles = []
+    block_of = {  # a module with no layer index of its own (GPT-1's) is its block's
+        id(sub): i
+        for blocks in model.modules()
+        if isinstance(blocks, torch.nn.ModuleList)
+        for i, block in enumerate(blocks)
+        for sub in block.modules()
+    }
     for module in model.modules():
         found = _query_slice(module)
         layer = getattr(module, "layer_idx", getattr(module, "layer_id", None))
+        layer = block_of.get(id(module)) if layer is None else layer
         if found is None:
             continue
         proj, where = found

@@ -167,7 +167,7 @@ FAMILIES: dict[str, str] = {
     "olmo3": "pass",
     "olmo_hybrid": "pass",
     "olmoe": "pass",
-    "openai-gpt": "refused: no attention module with a layer index",
+    "openai-gpt": "refused: takes no KV cache",
     "opt": "pass",
     "pegasus": "refused: cross-attention or several attentions per layer",
     "persimmon": "pass",
@@ -404,6 +404,18 @@ def test_big_bird_full_attention_conforms(zeroed):
     pair = build_pair("big_bird", attention_type="original_full")
     checks.check_dense_rows(pair)
     checks.check_decode(pair)
+    checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
+    checks.check_prefill_stats(pair)
+
+
+def test_gpt1_is_captured_without_decoding(zeroed):
+    """GPT-1 (OpenAI GPT) computes attention in its module's own code and keeps no KV cache:
+    its attention is captured at each block's index (the module carries none) and passes the
+    prefill checks; decoding, which needs a cache, is refused in one line (the family's row)."""
+    pair = build_pair("openai-gpt")
+    assert pair.hooked.attention_layers == [0, 1]
+    checks.check_dense_rows(pair)
     checks.check_masking(pair, zeroed)
     checks.check_ngram(pair)
     checks.check_prefill_stats(pair)
