@@ -1,0 +1,109 @@
+"""Write a GGUF of a real model's shape with random quantised weights, for timing loads of a
+model too big to ship (no 1.5B GGUF is reachable offline): Qwen2-1.5B's layer shapes (28
+layers, hidden 1536, 12 query / 2 key-value heads, FFN 8960, q/k/v biases) in Q4_K_M's main
+block type (Q4_K; the embedding Q6_K, norms and biases float32), with the SmolLM2 GGUF's
+byte-level BPE vocabulary and merges (49,152 tokens; Qwen2's own has 151,936, so the metadata a
+first load parses is smaller here than in the real file, and the second load's share of the
+first is overstated, not understated).
+
+    python benchmarks/gguf_shaped.py /tmp/q15/qwen2-shape.gguf
+    HEADHUNT_CACHE=/tmp/empty python benchmarks/gguf_load.py /tmp/q15/qwen2-shape.gguf
+
+The blocks are random bytes with small float16 scales (every dequantised value finite): the
+load's cost depends on the shapes and block types, not on the values.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, FFN = 28, 1536, 12, 2, 8960
+
+
+def _blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    if qtype == GGMLQuantizationType.Q4_K:  # d, dmin first
+        raw[..., 0:2] = scale
+        raw[..., 2:4] = scale
+    else:  # Q6_K: d last
+        raw[..., size - 2 :] = scale
+    return raw.reshape(rows, cols // block * size)
+
+
+def _field(reader, key):
+    f = reader.fields[key]
+    return [bytes(f.parts[i]).decode() for i in f.data]
+
+
+def main(out: Path) -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    from headhunt.probes.loading import REGISTRY
+
+    src = gguf.GGUFReader(REGISTRY["smollm2-135m"].path())
+    tokens = _field(src, "tokenizer.ggml.tokens")
+    merges = _field(src, "tokenizer.ggml.merges")
+    types = [
+        int(src.fields["tokenizer.ggml.token_type"].parts[i][0])
+        for i in src.fields["tokenizer.ggml.token_type"].data
+    ]
+    eos = int(src.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
+    rng = np.random.default_rng(0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(out), arch="qwen2")
+    w.add_name("Random Qwen2-1.5B-shaped GGUF")
+    w.add_context_length(32768)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_eos_token_id(eos)
+    w.add_bos_token_id(eos)
+
+    def vec(name, n):
+        w.add_tensor(name, (0.01 * rng.standard_normal(n)).astype(np.float32))
+
+    head = HIDDEN // HEADS
+    w.add_tensor("token_embd.weight", _blocks(rng, len(tokens), HIDDEN, Q.Q6_K), raw_dtype=Q.Q6_K)
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", HIDDEN)
+        for name, rows in (
+            ("attn_q", HIDDEN),
+            ("attn_k", KV_HEADS * head),
+            ("attn_v", KV_HEADS * head),
+        ):
+            w.add_tensor(p + name + ".weight", _blocks(rng, rows, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
+            vec(p + name + ".bias", rows)
+        w.add_tensor(
+            p + "attn_output.weight", _blocks(rng, HIDDEN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K
+        )
+        vec(p + "ffn_norm.weight", HIDDEN)
+        w.add_tensor(p + "ffn_gate.weight", _blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
+        w.add_tensor(p + "ffn_up.weight", _blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
+        w.add_tensor(p + "ffn_down.weight", _blocks(rng, HIDDEN, FFN, Q.Q6_K), raw_dtype=Q.Q6_K)
+    vec("output_norm.weight", HIDDEN)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(out, out.stat().st_size)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
