@@ -23,20 +23,6 @@ import numpy as np
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN = 28, 1536, 12, 2, 8960
 
 
-def _blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    if qtype == GGMLQuantizationType.Q4_K:  # d, dmin first
-        raw[..., 0:2] = scale
-        raw[..., 2:4] = scale
-    else:  # Q6_K: d last
-        raw[..., size - 2 :] = scale
-    return raw.reshape(rows, cols // block * size)
-
-
 def _field(reader, key):
     f = reader.fields[key]
     return [bytes(f.parts[i]).decode() for i in f.data]
@@ -47,6 +33,7 @@ def main(out: Path) -> None:
     from gguf import GGMLQuantizationType as Q
 
     from headhunt.probes.loading import REGISTRY
+    from headhunt.probes.tiny import random_kquant_blocks
 
     src = gguf.GGUFReader(REGISTRY["smollm2-135m"].path())
     tokens = _field(src, "tokenizer.ggml.tokens")
@@ -79,7 +66,11 @@ def main(out: Path) -> None:
         w.add_tensor(name, (0.01 * rng.standard_normal(n)).astype(np.float32))
 
     head = HIDDEN // HEADS
-    w.add_tensor("token_embd.weight", _blocks(rng, len(tokens), HIDDEN, Q.Q6_K), raw_dtype=Q.Q6_K)
+    w.add_tensor(
+        "token_embd.weight",
+        random_kquant_blocks(rng, len(tokens), HIDDEN, Q.Q6_K),
+        raw_dtype=Q.Q6_K,
+    )
     for i in range(LAYERS):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", HIDDEN)
@@ -88,15 +79,27 @@ def main(out: Path) -> None:
             ("attn_k", KV_HEADS * head),
             ("attn_v", KV_HEADS * head),
         ):
-            w.add_tensor(p + name + ".weight", _blocks(rng, rows, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
+            w.add_tensor(
+                p + name + ".weight",
+                random_kquant_blocks(rng, rows, HIDDEN, Q.Q4_K),
+                raw_dtype=Q.Q4_K,
+            )
             vec(p + name + ".bias", rows)
         w.add_tensor(
-            p + "attn_output.weight", _blocks(rng, HIDDEN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K
+            p + "attn_output.weight",
+            random_kquant_blocks(rng, HIDDEN, HIDDEN, Q.Q4_K),
+            raw_dtype=Q.Q4_K,
         )
         vec(p + "ffn_norm.weight", HIDDEN)
-        w.add_tensor(p + "ffn_gate.weight", _blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
-        w.add_tensor(p + "ffn_up.weight", _blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K)
-        w.add_tensor(p + "ffn_down.weight", _blocks(rng, HIDDEN, FFN, Q.Q6_K), raw_dtype=Q.Q6_K)
+        w.add_tensor(
+            p + "ffn_gate.weight", random_kquant_blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K
+        )
+        w.add_tensor(
+            p + "ffn_up.weight", random_kquant_blocks(rng, FFN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K
+        )
+        w.add_tensor(
+            p + "ffn_down.weight", random_kquant_blocks(rng, HIDDEN, FFN, Q.Q6_K), raw_dtype=Q.Q6_K
+        )
     vec("output_norm.weight", HIDDEN)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -233,3 +233,23 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, vocab_size: int = 64, **ov
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval()
+
+
+def random_kquant_blocks(rng, rows: int, cols: int, qtype):
+    """Random Q4_K or Q6_K blocks for a [rows, cols] GGUF tensor (gguf-py quantises these only
+    in C): random bytes with the float16 scales set to 0.01, so every dequantised value is
+    finite. A uint8 array of the file's layout, [rows, cols / block * bytes per block]."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    if qtype == GGMLQuantizationType.Q4_K:  # d, dmin first
+        raw[..., 0:2] = scale
+        raw[..., 2:4] = scale
+    elif qtype == GGMLQuantizationType.Q6_K:  # d last
+        raw[..., size - 2 :] = scale
+    else:
+        raise ValueError(f"random_kquant_blocks makes Q4_K or Q6_K blocks, not {qtype!r}")
+    return raw.reshape(rows, cols // block * size)

@@ -434,22 +434,28 @@ def show(acc, scores, masking: dict, top: int) -> None:
     )
 
 
+def _accuracy_heatmap(acc, **style):
+    """Accuracy over (pairs, gap) as a heatmap trace, 0 to 1."""
+    import plotly.graph_objects as go
+
+    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
+    return go.Heatmap(
+        z=wide.to_numpy(),
+        x=[str(c) for c in wide.columns],
+        y=[str(i) for i in wide.index],
+        colorscale="Viridis",
+        zmin=0,
+        zmax=1,
+        texttemplate="%{z:.2f}",
+        **style,
+    )
+
+
 def accuracy_figure(acc, name: str):
     """The accuracy heatmap alone (a model with no attention layers)."""
     import plotly.graph_objects as go
 
-    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
-    fig = go.Figure(
-        go.Heatmap(
-            z=wide.to_numpy(),
-            x=[str(c) for c in wide.columns],
-            y=[str(i) for i in wide.index],
-            colorscale="Viridis",
-            zmin=0,
-            zmax=1,
-            texttemplate="%{z:.2f}",
-        )
-    )
+    fig = go.Figure(_accuracy_heatmap(acc))
     fig.update_xaxes(title_text="gap")
     fig.update_yaxes(title_text="pairs N")
     fig.update_layout(title=f"MQAR accuracy (no attention layers): {name}", height=480)
@@ -461,7 +467,6 @@ def figure(acc, scores, masking: dict, name: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    wide = acc.pivot(index="n_pairs", columns="gap", values="accuracy")
     fig = make_subplots(
         rows=1,
         cols=3,
@@ -472,16 +477,7 @@ def figure(acc, scores, masking: dict, name: str):
         ],
     )
     fig.add_trace(
-        go.Heatmap(
-            z=wide.to_numpy(),
-            x=[str(c) for c in wide.columns],
-            y=[str(i) for i in wide.index],
-            colorscale="Viridis",
-            zmin=0,
-            zmax=1,
-            showscale=False,
-            texttemplate="%{z:.2f}",
-        ),
+        _accuracy_heatmap(acc, showscale=False),
         row=1,
         col=1,
     )

@@ -24,27 +24,13 @@ def _byte_tokens() -> list[str]:
     return [chr(c) for _, c in sorted(zip(keep, chars, strict=True))]
 
 
-def _blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
-    """Random blocks of a k-quant (gguf-py quantises these only in C): random bytes with the
-    float16 scales set to small finite values, so every dequantised value is finite."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    if qtype == GGMLQuantizationType.Q4_K:  # d, dmin first
-        raw[..., 0:2] = scale
-        raw[..., 2:4] = scale
-    else:  # Q6_K: d last
-        raw[..., size - 2 :] = scale
-    return raw.reshape(rows, cols // block * size)
-
-
 def write_tiny_gguf(path: Path, seed: int = 0, tied: bool = True) -> dict[str, np.ndarray]:
     """Write the tiny GGUF to ``path``; return its planted float32 tensors (the norms) by GGUF
     name, stored as written: what the model's norm weights must equal."""
     import gguf
     from gguf import GGMLQuantizationType as Q
+
+    from headhunt.probes.tiny import random_kquant_blocks
 
     rng = np.random.default_rng(seed)
     tokens = _byte_tokens() + ["Ġt", "he", "Ġthe", "<|endoftext|>"]
@@ -82,14 +68,18 @@ def write_tiny_gguf(path: Path, seed: int = 0, tied: bool = True) -> dict[str, n
     for i in range(LAYERS):
         norm(f"blk.{i}.attn_norm.weight")
         w.add_tensor(
-            f"blk.{i}.attn_q.weight", _blocks(rng, HIDDEN, HIDDEN, Q.Q4_K), raw_dtype=Q.Q4_K
+            f"blk.{i}.attn_q.weight",
+            random_kquant_blocks(rng, HIDDEN, HIDDEN, Q.Q4_K),
+            raw_dtype=Q.Q4_K,
         )
         plain(f"blk.{i}.attn_k.weight", (KV_HEADS * head, HIDDEN), Q.Q8_0)
         plain(f"blk.{i}.attn_v.weight", (KV_HEADS * head, HIDDEN), Q.Q4_0)
         plain(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), Q.F16)
         norm(f"blk.{i}.ffn_norm.weight")
         w.add_tensor(
-            f"blk.{i}.ffn_gate.weight", _blocks(rng, FFN, HIDDEN, Q.Q6_K), raw_dtype=Q.Q6_K
+            f"blk.{i}.ffn_gate.weight",
+            random_kquant_blocks(rng, FFN, HIDDEN, Q.Q6_K),
+            raw_dtype=Q.Q6_K,
         )
         plain(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), Q.Q4_1)
         plain(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), Q.F32)
