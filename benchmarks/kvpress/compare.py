@@ -74,6 +74,8 @@ from headhunt.kvpress_press import (
 RATIOS = (0.25, 0.5, 0.75, 0.875)
 DUO_SINK, DUO_RECENT = 128, 256  # kvpress's on-the-fly DuoAttention window, for both patterns
 SPREAD_SINK, SPREAD_WINDOW = 4, 64  # HeadBudgetPress's defaults: the tokens every head keeps
+# The field's presses, as kvpress ships them (no head data of headhunt's)
+FIELD_PRESSES = ("streaming", "snapkv", "expected", "kvzip", "adakv", "criticalkv")
 HEAD_PRESSES = (
     "duo_fly",
     "hh_duo",
@@ -88,12 +90,7 @@ HEAD_PRESSES = (
 # gemma3_rule.py), then two presses as kvpress ships them for this class (all 18 layers cut,
 # suffix _asis), then more scorer presses that run on it
 GEMMA_PRESSES = (
-    "streaming",
-    "snapkv",
-    "expected",
-    "kvzip",
-    "adakv",
-    "criticalkv",
+    *FIELD_PRESSES,
     "duo_fly",
     "hh_duo",
     "hh_budget",
@@ -103,15 +100,7 @@ GEMMA_PRESSES = (
     "streaming_asis",
     "snapkv_asis",
 )
-PRESSES = (
-    "streaming",
-    "snapkv",
-    "expected",
-    "kvzip",
-    "adakv",
-    "criticalkv",
-    *HEAD_PRESSES,
-)
+PRESSES = (*FIELD_PRESSES, *HEAD_PRESSES)
 
 
 def sync():

@@ -14,23 +14,13 @@ import json
 
 import numpy as np
 import torch
-from compare import essay_chunks, essay_windows, load, local_booksum, make_press
+from compare import FIELD_PRESSES, essay_chunks, essay_windows, load, local_booksum, make_press
 from kvpress.presses import duo_attention_press
 from transformers import DynamicCache
 
 from headhunt.kvbudget import lukv_curve
 
-PRESSES = (
-    "streaming",
-    "snapkv",
-    "expected",
-    "kvzip",
-    "adakv",
-    "criticalkv",
-    "hh_duo",
-    "hh_budget",
-    "hh_spread_recent",
-)
+PRESSES = (*FIELD_PRESSES, "hh_duo", "hh_budget", "hh_spread_recent")
 
 
 def main() -> None:
