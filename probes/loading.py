@@ -359,10 +359,7 @@ def _model_from_gguf(path: Path, config, recipe, dtype: str):
     tty = sys.stderr.isatty()
 
     def progress(i: int, n: int) -> None:
-        if tty and (i == n or i % 16 == 0):
-            end = "\n" if i == n else ""
-            print(f"\rheadhunt: dequantising {path.name}: {i}/{n} tensors", end=end,
-                  file=sys.stderr, flush=True)  # fmt: skip
+        _count_tensors(path.name, i, n, tty)
 
     t0 = time.perf_counter()
     try:
@@ -500,6 +497,14 @@ def notice(text: str) -> None:
     print(f"headhunt: {text}", file=sys.stderr, flush=True)
 
 
+def _count_tensors(label: str, i: int, n: int, tty: bool) -> None:
+    """The one progress line of a dequantisation, updated in place on a terminal every 16
+    tensors and ended at the last; nothing in a log."""
+    if tty and (i == n or i % 16 == 0):
+        print(f"\rheadhunt: dequantising {label}: {i}/{n} tensors", end="\n" if i == n else "",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
 @contextlib.contextmanager
 def _quiet_gguf_bar(label: str):
     """transformers draws its own tqdm bar while it dequantises (a bar per tensor update floods
@@ -512,12 +517,8 @@ def _quiet_gguf_bar(label: str):
     def counted(items, **_):
         items = list(items)
         for i, item in enumerate(items, 1):
-            if tty and (i == len(items) or i % 16 == 0):
-                print(f"\rheadhunt: dequantising {label}: {i}/{len(items)} tensors", end="",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            _count_tensors(label, i, len(items), tty)
             yield item
-        if tty:
-            print(file=sys.stderr)
 
     real = gguf_utils.tqdm
     gguf_utils.tqdm = counted
