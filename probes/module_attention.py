@@ -316,6 +316,26 @@ def _openai(module: torch.nn.Module) -> bool | None:
     module._attn = MethodType(_openai_attn, module)
 
 
+# ------------------------------------------------------------- BERT- and BART-style
+
+
+def _self_attention_only(module, other_states) -> None:
+    """Refuse, in one line, a module run as cross-attention (given another sequence's states)."""
+    if other_states is not None:
+        raise HeadhuntError(
+            f"layer {module.layer_idx} ({type(module).__name__}) is run as cross-attention; "
+            "headhunt captures self-attention"
+        )
+
+
+def _update_self_cache(module, cache, k, v, kwargs):
+    """Append to the self-attention cache (an encoder-decoder cache's self-attention half)."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    return own.update(k, v, module.layer_idx, kwargs=kwargs)
+
+
 # ------------------------------------------------------------- BERT-style self-attention
 
 
@@ -335,13 +355,7 @@ def _bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_state
     """A BERT-style self-attention's forward around the seam (``query``, ``key``, ``value``
     projections, RoFormer's rotary positions where given, the self-attention cache), as a
     decoder-only model runs it."""
-    if encoder_hidden_states is not None:
-        raise HeadhuntError(
-            f"layer {self.layer_idx} ({type(self).__name__}) is run as cross-attention; "
-            "headhunt captures self-attention"
-        )
-    from transformers.cache_utils import EncoderDecoderCache
-
+    _self_attention_only(self, encoder_hidden_states)
     b, n = hidden_states.shape[:2]
     shape = (b, n, -1, self.attention_head_size)
     q, k, v = (
@@ -354,8 +368,7 @@ def _bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_state
         else:
             q, k = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
     if cache is not None:
-        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        k, v = own.update(k, v, self.layer_idx, kwargs=kwargs)
+        k, v = _update_self_cache(self, cache, k, v, kwargs)
     out, weights = attention.headhunt_attention(
         self, q, k, v, _visible(attention_mask), scaling=1.0 / math.sqrt(self.attention_head_size)
     )
@@ -408,13 +421,7 @@ def _bart_forward(self, hidden_states, key_value_states=None, cache=None, attent
                   **kwargs):  # fmt: skip
     """A BART-style attention's forward around the seam (``q_proj``, ``k_proj``, ``v_proj``,
     the self-attention cache, ``out_proj``), as a decoder-only model runs it."""
-    if key_value_states is not None:
-        raise HeadhuntError(
-            f"layer {self.layer_idx} ({type(self).__name__}) is run as cross-attention; "
-            "headhunt captures self-attention"
-        )
-    from transformers.cache_utils import EncoderDecoderCache
-
+    _self_attention_only(self, key_value_states)
     kwargs.pop("output_attentions", None)
     b, n = hidden_states.shape[:2]
     shape = (b, n, self.num_heads, self.head_dim)
@@ -423,8 +430,7 @@ def _bart_forward(self, hidden_states, key_value_states=None, cache=None, attent
         for proj in (self.q_proj, self.k_proj, self.v_proj)
     )
     if cache is not None:
-        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        k, v = own.update(k, v, self.layer_idx, kwargs=kwargs)
+        k, v = _update_self_cache(self, cache, k, v, kwargs)
     out, weights = attention.headhunt_attention(
         self, q, k, v, _visible(attention_mask), scaling=self.scaling
     )
