@@ -156,10 +156,9 @@ def generate_greedy(
 ) -> tuple[Tensor, Tensor]:
     """Greedy decoding through the model's own ``generate`` (its own recurrent state: Mamba's
     cache, RWKV's state), for a model with no attention layers, whose decoding headhunt's
-    attention capture does not drive. Where the model's own cached decoding fails (xLSTM's in
-    transformers 5.24 rejects its own state's shape when its key and value heads differ in
-    size), every step is a full forward over the sequence so far instead: the same greedy
-    tokens, no state. Returns the new tokens [b, steps] and each row's length (through its
+    attention capture does not drive. Where the model's own state cannot hold its layers'
+    (:func:`_own_state_fits`), every step is a full forward over the sequence so far instead:
+    the same greedy tokens, no state; any other failure of ``generate`` is the model's own. Returns the new tokens [b, steps] and each row's length (through its
     first stop token, as :func:`greedy_decode`)."""
     from transformers import GenerationConfig
 
@@ -169,20 +168,33 @@ def generate_greedy(
         do_sample=False,
         num_beams=1,
         max_new_tokens=max_new_tokens,
-        eos_token_id=sorted(stop) or None,
+        eos_token_id=sorted(stop),  # [] when none: None would fall back to the folder's own
         pad_token_id=pad,
     )
-    try:
+    if _own_state_fits(model.model.config):
         with torch.inference_mode():
             out = model.model.generate(
                 prompts, attention_mask=torch.ones_like(prompts), generation_config=plain
             )
-    except Exception:  # the model's cached decoding is broken here: recompute every step
+    else:
         out = _greedy_without_state(model, prompts, max_new_tokens)
     tokens = out[:, prompts.shape[1] :]
     is_stop = torch.isin(tokens, torch.tensor(sorted(stop), dtype=torch.long, device=out.device))
     first = torch.where(is_stop.any(1), is_stop.int().argmax(1) + 1, tokens.shape[1])
     return tokens, first
+
+
+def _own_state_fits(config) -> bool:
+    """Whether the model's own recurrent state has the shape its layers use. xLSTM's cache
+    (transformers 5.24 ``xLSTMCache``) sizes its state from ``config.qk_dim`` / ``v_dim``,
+    rounded up to a multiple of 64, while its layers use ``int(hidden_size * factor)``: the two
+    differ unless that product is a multiple of 64 (true of xLSTM-7B, not of small configs),
+    and then the model's own ``generate`` fails on its first cached step."""
+    if config.model_type != "xlstm":
+        return True
+    return config.qk_dim == int(config.hidden_size * config.qk_dim_factor) and config.v_dim == int(
+        config.hidden_size * config.v_dim_factor
+    )
 
 
 def _greedy_without_state(model: HookedModel, prompts: Tensor, max_new_tokens: int) -> Tensor:

@@ -108,16 +108,27 @@ def test_mqar_cli_measures_accuracy_without_heads(family, tmp_path, capsys):
     assert entry.ok, entry.problem  # the dashboard lists it (0 heads is not a broken manifest)
 
 
-@pytest.mark.parametrize("family", ["mamba", "xlstm"])
-def test_needle_decoding_equals_recomputing(family):
+@pytest.mark.parametrize(
+    ("family", "sizes", "own_state"),
+    [("mamba", {}, True), ("xlstm", {}, False), ("xlstm", {"hidden_size": 128}, True)],
+)
+def test_needle_decoding_equals_recomputing(family, sizes, own_state, monkeypatch):
     """The needle trials of a model with no attention decode through its own generate (its
     own recurrent state): the tokens equal greedy argmax over full forwards without any state,
-    and a row's length runs through its first stop token."""
+    and a row's length runs through its first stop token. A tiny xLSTM, whose own cache has
+    the wrong shape for its layers, recomputes every step instead; a 128-wide one uses its
+    state."""
+    from headhunt.heads import retrieval
     from headhunt.heads.retrieval import generate_greedy
     from headhunt.probes.tiny import word_tokenizer
 
+    recomputed = []
+    plain = retrieval._greedy_without_state
+    monkeypatch.setattr(
+        retrieval, "_greedy_without_state", lambda *a: recomputed.append(1) or plain(*a)
+    )
     tok = word_tokenizer()
-    model = tiny_causal_lm(family, vocab_size=len(tok), **FAMILIES[family])
+    model = tiny_causal_lm(family, vocab_size=len(tok), **FAMILIES[family], **sizes)
     hm = HookedModel(model=model, tokenizer=tok, name=family)
     prompts = torch.randint(4, len(tok), (2, 24), generator=torch.Generator().manual_seed(0))
     seq = prompts
@@ -130,6 +141,7 @@ def test_needle_decoding_equals_recomputing(family):
     assert torch.equal(tokens[0, :3], want[0, :3]) and int(lengths[0]) == 3
     free, n = generate_greedy(hm, prompts, 5, set())
     assert torch.equal(free, want) and n.tolist() == [5, 5]
+    assert bool(recomputed) != own_state
 
 
 def test_retrieval_cli_measures_needle_accuracy_without_heads(tmp_path, capsys):
