@@ -160,7 +160,11 @@ class AttentionCall:
                 memo = self._mask_memo()
                 if "intervals" not in memo:
                     memo["intervals"] = _mask_intervals(
-                        self.attention_mask, self.query.shape[2], self.key.shape[2], self.layer
+                        self.attention_mask,
+                        self.query.shape[2],
+                        self.key.shape[2],
+                        self.layer,
+                        _key_selection(self.module),
                     )
                 vis = memo["intervals"]
             if vis is not None:  # a mask shared by the batch: one row per batch row
@@ -344,8 +348,25 @@ class _MaskMemo:
 _MASK_MEMO = _MaskMemo()
 
 
+def _key_selection(module: torch.nn.Module | None) -> str | None:
+    """What makes a layer's keys other than one interval of positions, where its module says
+    so by what it holds: a key compressor (DeepSeek-V4's compressed attention: each key
+    summarises a window of tokens) or an indexer that picks each query's keys (DeepSeek
+    sparse attention, Qwen4-Exp's query-sparse attention: sparse attention by indices)."""
+    compressor = getattr(module, "compressor", None)
+    if isinstance(compressor, torch.nn.Module):
+        return (
+            f"compressed keys: {type(compressor).__name__} makes each key from several tokens, "
+            "and an indexer may then pick among them"
+        )
+    indexer = getattr(module, "indexer", None)
+    if isinstance(indexer, torch.nn.Module):
+        return f"sparse attention by indices: {type(indexer).__name__} picks each query's keys"
+    return None
+
+
 def _mask_intervals(
-    mask: Tensor | None, nq: int, nk: int, layer: int
+    mask: Tensor | None, nq: int, nk: int, layer: int, why: str | None = None
 ) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
     """Per (batch, query) first and last visible key of a boolean or additive 4-D mask.
 
@@ -381,8 +402,8 @@ def _mask_intervals(
         hi = nk - 1 - a.flip(-1).to(torch.uint8).argmax(-1)
         if bool((seen & (a.sum(-1) != hi - lo + 1)).any()):
             raise HeadhuntError(
-                f"layer {layer}: a query's visible keys are not one interval (a mask headhunt's "
-                "kernels cannot describe)"
+                f"layer {layer}: a query's visible keys are not one interval "
+                f"({why or 'a mask'}; headhunt's kernels take one interval per query)"
             )
         los.append(lo)
         his.append(hi)
@@ -512,7 +533,8 @@ def check_call(call: AttentionCall) -> None:
     if call.key_start < 0:
         raise HeadhuntError(
             f"layer {call.layer}: {call.key.shape[2]} keys for a query at position "
-            f"{call.query_start} (a cache layout headhunt cannot map to positions)"
+            f"{call.query_start} ({_key_selection(call.module) or 'a cache layout'}; headhunt "
+            "maps each key to one position)"
         )
     if call.attention_mask is None and 1 < call.query.shape[2] < call.key.shape[2]:
         # SDPA's is_causal is top-left aligned: only a static cache's first prefill gets here.

@@ -148,12 +148,22 @@ class HookedModel:
             if isinstance(idx, int) and 0 <= idx < self.n_layers and not passes_through(kinds[idx]):
                 per_layer.setdefault(m.layer_idx, []).append(m)
         several = [i for i, ms in per_layer.items() if len(ms) > 1]
+        if several and self.layer_kinds is None and len(found) < self.n_layers:
+            # HRM-Text: two stacks of layers, each applied again in recurrent cycles, every
+            # application a cache slot (a "layer") of its own: no module is one layer
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: {len(found)} attention modules for "
+                f"{self.n_layers} layers, each module run at several layers of one forward "
+                "(stacks reapplied in recurrent cycles); headhunt captures one self-attention "
+                "module per layer"
+            )
         if several or (self.layer_kinds is None and len(found) > self.n_layers):
             raise HeadhuntError(
                 f"{type(self.model).__name__}: {len(found)} attention modules for "
                 f"{self.n_layers} layers (cross-attention or several attentions per layer?); "
                 "headhunt captures one self-attention per layer"
             )
+        _refuse_codebook_rows(self.model)
         by_layer = {i: ms[0] for i, ms in per_layer.items()}
         wanted = [i for i in range(self.n_layers) if not passes_through(kinds[i])]
         if not wanted:
@@ -649,6 +659,23 @@ def _index_shared_blocks(model: torch.nn.Module, found: list, n_layers: int) -> 
 
 # Names transformers' decoders give the attention that reads an encoder's states.
 _CROSS_ATTENTION_NAMES = ("encoder_attn", "cross_attn", "crossattention", "cross_attention")
+
+
+def _refuse_codebook_rows(model) -> None:
+    """Refuse, in one line, a model that reads several token rows per sequence (MusicGen
+    Melody's decoder: one embedding per audio codebook, summed at each position, its
+    ``input_ids`` [batch x codebooks, n]): headhunt's inputs, captures and decoding have one
+    token row per sequence, the attention's batch."""
+    try:
+        embeddings = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        return
+    if isinstance(embeddings, torch.nn.ModuleList) and len(embeddings) > 1:
+        raise HeadhuntError(
+            f"{type(model).__name__} reads {len(embeddings)} token rows per sequence (one "
+            "embedding per audio codebook, summed at each position); headhunt's inputs are one "
+            "token row per sequence"
+        )
 
 
 def _cross_attention_name(model: torch.nn.Module) -> str | None:

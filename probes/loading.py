@@ -574,14 +574,73 @@ def _load_folder(
             ) from None
         raise HeadhuntError(f"could not load the model in {folder}: {e}") from None
     except Exception as e:  # e.g. a modeling file that needs a package not installed (timm)
-        why = f"{type(e).__name__}: {_first_line(e)}"
-        mismatch = _config_mismatch(folder, local_only, trust_remote_code)
-        raise HeadhuntError(
-            f"could not load the model in {folder}: {mismatch + f' ({why})' if mismatch else why}"
-        ) from None
+        model = _load_sub_config_lm(folder, local_only, trust_remote_code, placement)
+        if model is None:
+            why = f"{type(e).__name__}: {_first_line(e)}"
+            mismatch = _config_mismatch(folder, local_only, trust_remote_code)
+            raise HeadhuntError(
+                f"could not load the model in {folder}: "
+                f"{mismatch + f' ({why})' if mismatch else why}"
+            ) from None
     if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
     return model, tok
+
+
+def causal_lm_sub_config(config) -> str | None:
+    """The name of the sub-config that transformers' causal-LM class of ``config`` is built
+    from, where ``config`` is a composite whose causal LM takes one of its sub-configs other
+    than ``text_config`` (which transformers hands over itself): MusicGen's ``decoder``
+    (transformers maps ``MusicgenConfig`` to ``MusicgenForCausalLM``, the decoder alone, but
+    builds it from the whole config). None otherwise."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        lm = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        return None
+    wanted = getattr(lm, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return None
+    subs = getattr(config, "sub_configs", None) or {}
+    names = [n for n, cls in subs.items() if cls is wanted and n != "text_config"]
+    return names[0] if len(names) == 1 else None
+
+
+def _load_sub_config_lm(folder, local_only: bool, trust_remote_code: bool, placement: dict):
+    """The causal LM of a composite folder built from the sub-config it takes (see
+    :func:`causal_lm_sub_config`), its weights read from under that sub-config's name in the
+    composite's checkpoint (``decoder.model...`` -> ``model...``); a weight it lacks there is
+    refused in one line, never left random. None where the folder is not such a composite."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(
+            folder, local_files_only=local_only, trust_remote_code=trust_remote_code
+        )
+    except Exception:
+        return None
+    name = causal_lm_sub_config(config)
+    if name is None:
+        return None
+    lm = AutoModelForCausalLM._model_mapping[type(config)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, info = lm.from_pretrained(
+            folder,
+            config=getattr(config, name),
+            key_mapping={rf"^{name}\.": ""},
+            output_loading_info=True,
+            local_files_only=local_only,
+            **placement,
+        )
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise HeadhuntError(
+            f"could not load the model in {folder}: {len(missing)} weights of its {name} "
+            f"({lm.__name__}) are not in its checkpoint (e.g. {name}.{missing[0]})"
+        )
+    return model
 
 
 def _config_mismatch(folder: Path | str, local_only: bool, trust_remote_code: bool) -> str | None:

@@ -456,8 +456,20 @@ def _block_sparse(module: torch.nn.Module) -> None:
     )
 
 
+def _lsh(module: torch.nn.Module) -> None:
+    """Reformer's LSH attention (Kitaev et al., arXiv 2001.04451) hashes queries and keys
+    into buckets, sorts by bucket and lets each query see only the keys of its chunk and the
+    one before: sparse attention by hash-bucket indices, refused in one line."""
+    raise HeadhuntError(
+        f"{type(module).__name__}: locality-sensitive-hashing attention (each query sees only "
+        "the keys sorted into its hash bucket's chunks) is sparse attention by indices, which "
+        "headhunt does not capture"
+    )
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "Attention": _openai,
+    "LSHSelfAttention": _lsh,
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,

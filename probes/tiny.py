@@ -229,8 +229,14 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, vocab_size: int = 64, **ov
     config class (float32, eval mode, plain transformers: wrap it in :class:`HookedModel`)."""
     from transformers import AutoModelForCausalLM
 
+    from headhunt.probes.loading import causal_lm_sub_config
+
     cfg = tiny_config(model_type, vocab_size=vocab_size, **overrides)
+    name = causal_lm_sub_config(cfg)  # MusicGen: its causal LM is built from its decoder's
     torch.manual_seed(seed)
+    if name is not None:
+        lm = AutoModelForCausalLM._model_mapping[type(cfg)]
+        return lm._from_config(getattr(cfg, name), dtype=torch.float32).eval()
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval()
 

@@ -56,7 +56,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v2": "pass",
     "deepseek_v3": "pass",
     "deepseek_v32": "refused: passes indices",
-    "deepseek_v4": "refused: keys for a query at position",
+    "deepseek_v4": "refused: compressed keys",
     "diffllama": "refused: calls attention 2 times",
     "doge": "refused: adds a position bias",
     "dory": "refused: calls attention 2 times",
@@ -111,7 +111,7 @@ FAMILIES: dict[str, str] = {
     "granitemoehybrid": "pass",
     "granitemoeshared": "pass",
     "helium": "pass",
-    "hrm_text": "refused: several attentions per layer",
+    "hrm_text": "refused: each module run at several layers of one forward",
     "hunyuan_v1_dense": "pass",
     "hunyuan_v1_moe": "pass",
     "hy_v3": "pass",
@@ -156,8 +156,8 @@ FAMILIES: dict[str, str] = {
     "moshi": "pass",
     "moss_transcribe_diarize": "pass",
     "mpt": "pass",
-    "musicgen": "refused: takes a MusicgenDecoderConfig, not this folder's MusicgenConfig",
-    "musicgen_melody": "refused: not this folder's MusicgenMelodyConfig",
+    "musicgen": "refused: cross-attention or several attentions per layer",
+    "musicgen_melody": "refused: token rows per sequence (one embedding per audio codebook",
     "mvp": "refused: hold cross-attention",
     "nanochat": "pass",
     "nemotron": "pass",
@@ -186,10 +186,10 @@ FAMILIES: dict[str, str] = {
     "qwen3_5_text": "pass",
     "qwen3_moe": "pass",
     "qwen3_next": "pass",
-    "qwen4_exp": "refused: visible keys are not one interval",
-    "qwen4_exp_text": "refused: visible keys are not one interval",
+    "qwen4_exp": "refused: sparse attention by indices",
+    "qwen4_exp_text": "refused: sparse attention by indices",
     "recurrent_gemma": "pass",
-    "reformer": "refused: does not go through transformers' AttentionInterface",
+    "reformer": "refused: sparse attention by indices",
     "rembert": "pass",
     "roberta": "pass",
     "roberta-prelayernorm": "pass",
@@ -419,3 +419,36 @@ def test_gpt1_is_captured_without_decoding(zeroed):
     checks.check_masking(pair, zeroed)
     checks.check_ngram(pair)
     checks.check_prefill_stats(pair)
+
+
+def test_composite_folder_loads_its_decoder(tmp_path):
+    """MusicGen's folder holds a composite (text encoder, audio codec, decoder) that
+    transformers maps to the decoder's causal-LM class but cannot build it from: headhunt
+    builds it from the ``decoder`` sub-config, its weights read from under ``decoder.`` in the
+    checkpoint (each equal to the composite's own), and then refuses its cross-attention in
+    one line; a checkpoint that lacks the decoder's weights is refused, never left random."""
+    from safetensors.torch import load_file, save_file
+    from transformers import MusicgenForConditionalGeneration
+
+    from headhunt.probes.hooked import load_model
+    from headhunt.probes.loading import load_hf
+    from headhunt.probes.tiny import tiny_config, word_tokenizer
+
+    torch.manual_seed(0)
+    composite = MusicgenForConditionalGeneration(tiny_config("musicgen")).eval()
+    composite.save_pretrained(tmp_path)
+    word_tokenizer().save_pretrained(tmp_path)
+    model, _ = load_hf(str(tmp_path))
+    assert type(model).__name__ == "MusicgenForCausalLM"
+    own = composite.decoder.state_dict()
+    loaded = model.state_dict()
+    assert loaded.keys() == own.keys() and all(torch.equal(loaded[k], own[k]) for k in own)
+    with pytest.raises(HeadhuntError) as err:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(err.value) and "cross-attention" in str(err.value)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "lm_heads" not in k},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(HeadhuntError) as err:
+        load_hf(str(tmp_path))
+    assert "\n" not in str(err.value) and "decoder.lm_heads.0.weight" in str(err.value)
