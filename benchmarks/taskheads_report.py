@@ -92,7 +92,55 @@ def report(run: Path) -> str:
                          f"{_pm(r['ndcg10'], r['ndcg10_se'])} | {r['examples']} |")  # fmt: skip
         lines.append("")
 
+    if (run / "singles.jsonl").is_file():
+        lines += singles(run)
     return "\n".join(lines)
+
+
+def paired(cond: list[bool], base: list[bool]) -> tuple[float, float]:
+    """Accuracy change of an ablation against the full model on the same examples, with the
+    SE of the paired difference (the examples are shared, so it is smaller than a binomial's)."""
+    d = [float(a) - float(b) for a, b in zip(cond, base, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    return mean, (var / n) ** 0.5
+
+
+def singles(run: Path, show: int = 14) -> list[str]:
+    """taskheads_single_heads.py's sweep: how many heads lose accuracy when ablated alone,
+    and the detectors' ranks of the worst."""
+    recs = [json.loads(line) for line in (run / "singles.jsonl").open()]
+    base = next(r for r in recs if r["name"] == "none")
+    rows = []
+    for r in recs:
+        if r["name"] == "none":
+            continue
+        d, se = paired(r["correct"], base["correct"])
+        spec = sum(r["specificity"]), len(r["specificity"])
+        rows.append((d, se, tuple(r["heads"][0]), spec))
+    rows.sort()
+    ranks = {}
+    path = run / "scores.parquet"
+    if path.is_file():
+        s = pd.read_parquet(path)
+        for metric in ("copy_score", "query_focus", "write_score"):
+            m = s[s["metric"] == metric].sort_values("value", ascending=False, kind="stable")
+            ranks[metric] = {(int(a), int(b)): i + 1 for i, (a, b)
+                             in enumerate(zip(m["layer"], m["head"], strict=True))}  # fmt: skip
+    n = len(base["correct"])
+    lose5 = sum(d < -POINTS for d, *_ in rows)
+    lose2 = sum(d < -2 * se for d, se, *_ in rows)
+    gain2 = sum(d > 2 * se for d, se, *_ in rows)
+    lines = [f"every head ablated alone ({len(rows)} heads, {n} evaluation examples): "
+             f"{lose5} lose more than 5 points, {lose2} lose more than 2 paired SEs, "
+             f"{gain2} gain more than 2 paired SEs", "",
+             "| head | accuracy change ± paired SE | closed-book kept | rank: copy / query / "
+             "write |", "| --- | --- | --- | --- |"]  # fmt: skip
+    for d, se, (la, h), (kept, of) in rows[:show]:
+        rk = " / ".join(str(ranks[m].get((la, h), "-")) for m in ranks) or "-"
+        lines.append(f"| {la}-{h} | {d:+.2f} ± {se:.2f} | {kept} of {of} | {rk} |")
+    return [*lines, ""]
 
 
 def main() -> None:
