@@ -365,6 +365,19 @@ def _key_selection(module: torch.nn.Module | None) -> str | None:
     return None
 
 
+def _bias_kind(mask: Tensor, allowed: Tensor) -> str:
+    """What an additive mask that is not 0 on its visible keys adds: a bias per key, the same
+    for every query that sees the key (Doge's dynamic mask attention: a learned score of each
+    key's value, per head), or a bias that varies with the query too (ALiBi, relative
+    positions)."""
+    high = mask.masked_fill(~allowed, -torch.inf).amax(-2)
+    low = mask.masked_fill(~allowed, torch.inf).amin(-2)
+    seen = allowed.any(-2)
+    if bool((high[seen] == low[seen]).all()):
+        return "a bias per key, the same for every query (a dynamic key mask)"
+    return "a position bias (ALiBi or relative positions)"
+
+
 def _mask_intervals(
     mask: Tensor | None, nq: int, nk: int, layer: int, why: str | None = None
 ) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
@@ -386,8 +399,8 @@ def _mask_intervals(
         allowed = mask > floor
         if bool((mask[allowed] != 0).any()):
             raise HeadhuntError(
-                f"layer {layer}: the attention mask adds a position bias (ALiBi or relative "
-                "positions); headhunt captures masked softmax attention only"
+                f"layer {layer}: the attention mask adds {_bias_kind(mask, allowed)}; "
+                "headhunt captures masked softmax attention only"
             )
     if allowed.shape[1] != 1 and bool((allowed != allowed[:, :1]).any()):
         raise HeadhuntError(f"layer {layer}: the attention mask differs between heads")

@@ -275,7 +275,13 @@ class HookedModel:
                 return output
 
         handles = []
+        runs: dict[int, int] = {}  # layer -> how often its module ran (not its kernel)
         for i in self.attention_layers:
+
+            def ran(_mod, _args, i=i):
+                runs[i] = runs.get(i, 0) + 1
+
+            handles.append(self.modules[i].register_forward_pre_hook(ran))
             proj = attention.output_projection(self.modules[i])
             if proj is not None and not getattr(self.modules[i], "headhunt_gated", False):
 
@@ -309,6 +315,13 @@ class HookedModel:
                 "transformers' AttentionInterface, so headhunt cannot see it"
             )
         twice = [i for i in self.attention_layers if seen[i] > 1]
+        if twice and runs.get(twice[0], 0) == seen[twice[0]]:
+            # Dory: a section of layers reapplied in recurrent loops, each loop a cache slot
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: layer {twice[0]}'s attention module runs "
+                f"{seen[twice[0]]} times per forward (layers reapplied in recurrent loops); "
+                "headhunt captures each layer's attention once"
+            )
         if twice:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "

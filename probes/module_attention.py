@@ -467,11 +467,32 @@ def _lsh(module: torch.nn.Module) -> None:
     )
 
 
+def _relative_bias(what: str) -> Callable[[torch.nn.Module], None]:
+    """A module whose scores get a relative-position bias its kernel computes apart from
+    ``q . k``: refused in one line saying which."""
+
+    def refuse(module: torch.nn.Module) -> None:
+        raise HeadhuntError(
+            f"{type(module).__name__} adds {what} to its scores, which headhunt's kernels do "
+            "not reproduce"
+        )
+
+    return refuse
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "Attention": _openai,
     "LSHSelfAttention": _lsh,
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
+    # CPM-Ant: T5-style bucketed relative positions with segment types, computed once per
+    # forward outside the module (CpmAntSegmentPositionEmbedding)
+    "CpmAntAttention": _relative_bias("a bucketed relative-position bias (with segment types)"),
+    # XLNet (Yang et al., arXiv 1906.08237): Transformer-XL's relative position and segment
+    # terms, each with learned per-head biases, in two attention streams
+    "XLNetRelativeAttention": _relative_bias(
+        "Transformer-XL relative-position and segment terms (two-stream attention)"
+    ),
     "FalconAttention": _falcon,
     "GitSelfAttention": _bert_style,
     "MegatronBertSelfAttention": _bert_style,

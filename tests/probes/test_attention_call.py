@@ -59,9 +59,13 @@ def test_masks_headhunt_cannot_describe_are_refused():
     holes[5, 2] = False  # row 5 sees keys 0, 1, 3, 4, 5: not one interval
     with pytest.raises(HeadhuntError, match="not one interval"):
         check_call(_call(_mask(holes)))
-    bias = torch.zeros(2, 1, 6, 6)
-    bias[..., 1] = -0.5  # ALiBi-like: a bias, not a mask
+    pos = torch.arange(6.0)
+    bias = (-0.5 * (pos[:, None] - pos[None, :])).expand(2, 1, 6, 6)  # ALiBi-like: not a mask
     with pytest.raises(HeadhuntError, match="position bias"):
+        check_call(_call(bias))
+    bias = torch.zeros(2, 1, 6, 6)
+    bias[..., 1] = -0.5  # a score per key, the same for every query (Doge's dynamic mask)
+    with pytest.raises(HeadhuntError, match="a bias per key"):
         check_call(_call(bias))
     with pytest.raises(HeadhuntError, match="position_bias"):
         check_call(_call(None, position_bias=torch.zeros(1)))
@@ -89,9 +93,10 @@ def test_load_model_refuses_a_family_it_cannot_capture(tmp_path):
     from headhunt.probes import load_model
     from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
 
-    # XLNet's two-stream attention, in its own module code, which headhunt has no adapter for
+    # XLNet's two-stream attention with Transformer-XL relative-position terms, in its own
+    # module code, which headhunt's kernels do not reproduce
     tiny_causal_lm("xlnet").save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
-    with pytest.raises(HeadhuntError, match="no attention module") as err:
+    with pytest.raises(HeadhuntError, match="relative-position and segment terms") as err:
         load_model(str(tmp_path), device="cpu")
     assert "\n" not in str(err.value)
