@@ -23,9 +23,11 @@ Every (model, width, learning rate) trains in its own process, all at once on th
 (model, width) the learning rate with the best validation accuracy (a set apart from the test
 set) is reported, as Zoology reports the best of its sweep.
 
-Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--smoke]
-[--only attention,hybrid] (a comma-separated subset of the models, to split the sweep over calls)
-(the report: benchmarks/zoology_report.py).
+Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--deadline D]
+[--smoke] [--only attention,hybrid] (S: training seconds per model; D: the whole script's limit,
+after which running workers are killed; --only: a comma-separated subset of the models, to split
+the sweep over calls). OUT is rewritten whenever a run finishes (the report:
+benchmarks/zoology_report.py).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def jobs(smoke: bool) -> list[dict]:
     for arch in ARCHS:
         for width in WIDTHS:
             # The short convolutions cannot see past 5 tokens: one rate is enough to show it.
-            for lr in LRS[1:] if arch == "gated conv" else LRS:
+            # Mamba2 (transformers' PyTorch scan) keeps the GPU busy while the others are
+            # launch-bound: one rate each, so it does not starve the other processes.
+            for lr in LRS[1:] if arch in ("gated conv", "mamba2") else LRS:
                 job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH, "probe": 256}
                 out.append({**job, "eval_every": EVAL_EVERY})
     return out
@@ -234,6 +238,7 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
                     run["heads"][str(pairs)] = analyse(model, cfg, data, pairs, job["probe"])
                 except Exception as e:  # keep the sweep's numbers if an analysis fails
                     run["heads_error"] = f"{type(e).__name__}: {e}"[:400]
+                Path(out_path).write_text(json.dumps(run))
     except Exception as e:
         run["error"] = f"{type(e).__name__}: {e}"[:400]
     Path(out_path).write_text(json.dumps(run))
@@ -265,7 +270,12 @@ def main() -> None:
     out_path = Path(sys.argv[1])
     smoke = "--smoke" in sys.argv
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 240
-    deadline = seconds + (600 if smoke else 120)  # start-up, training, evaluation, analyses
+    # The whole script's limit (data, start-up, training, evaluation, analyses): workers still
+    # running then are killed and OUT keeps what they wrote.
+    if "--deadline" in sys.argv:
+        deadline = float(sys.argv[sys.argv.index("--deadline") + 1])
+    else:
+        deadline = seconds + (600 if smoke else 180)
     work = Path(os.environ.get("ZOOLOGY_TMP", "/tmp/zoology"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -289,33 +299,63 @@ def main() -> None:
         "solved_at": SOLVED,
         "runs": [],
     }
-    procs = []
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     todo = [j for j in jobs(smoke) if only is None or j["arch"] in only]
+    procs = []
     for i, job in enumerate(todo):
         out = work / f"run{i}.json"
+        out.unlink(missing_ok=True)
         log = open(work / f"run{i}.log", "w")  # noqa: SIM115 (closed after the wait)
         cmd = [sys.executable, __file__, "--worker", json.dumps(job), str(work / "data.pt")]
         cmd += [str(out), str(seconds)]
         procs.append((job, out, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
-    for job, out, proc, log in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    # Rewrite OUT whenever a run finishes, so a call killed at its limit keeps what finished.
+    write_result(out_path, result, procs, t0)
+    finished = 0
+    while any(proc.poll() is None for _, _, proc, _ in procs):
+        if time.perf_counter() - t0 > deadline:
+            for _, _, proc, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            break
+        time.sleep(2)
+        now = sum(proc.poll() is not None for _, _, proc, _ in procs)
+        if now != finished:
+            finished = now
+            write_result(out_path, result, procs, t0)
+    for _, _, _, log in procs:
         log.close()
-        run = json.loads(out.read_text()) if out.exists() else {**job, "error": "no result"}
-        if proc.returncode not in (0, None) and "error" not in run:
-            run["error"] = f"exit {proc.returncode}"
-        if "error" in run or "heads_error" in run:
-            run["log_tail"] = Path(log.name).read_text()[-1500:]
-        result["runs"].append(run)
+    result = write_result(out_path, result, procs, t0)
+    for run in result["runs"]:
         print(summary(run))
-    result["best"] = [
-        {"arch": r["arch"], "width": r["width"], "lr": r["lr"]} for r in best_runs(result["runs"])
-    ]
-    result["total_s"] = round(time.perf_counter() - t0, 1)
+
+
+def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
+    """A worker's result so far: its file (accuracy first, analyses when done) and, for a run
+    that failed or was killed at the deadline, why and the end of its log."""
+    run = json.loads(out.read_text()) if out.exists() else {**job}
+    if proc.poll() is None:
+        run["running"] = True
+        return run
+    if not out.exists():
+        run["error"] = "no result (killed at the deadline)" if proc.returncode < 0 else "no result"
+    elif proc.returncode < 0 and job["arch"] in ("hybrid", "attention") and "heads" not in run:
+        run["heads_error"] = "killed at the deadline before the analyses finished"
+    elif proc.returncode not in (0, None) and "error" not in run:
+        run["error"] = f"exit {proc.returncode}"
+    if "error" in run or "heads_error" in run:
+        run["log_tail"] = Path(log.name).read_text()[-1500:]
+    return run
+
+
+def write_result(out_path: Path, result: dict, procs: list, t0: float) -> dict:
+    runs = [collect(*p) for p in procs]
+    done = [r for r in runs if not r.get("running")]
+    best = [{"arch": r["arch"], "width": r["width"], "lr": r["lr"]} for r in best_runs(done)]
+    result = {**result, "runs": runs, "best": best, "total_s": round(time.perf_counter() - t0, 1)}
     out_path.write_text(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":
