@@ -770,9 +770,25 @@ def _one_query_head_count(cfg, n_layers: int, model) -> int:
         for i in range(n_layers)
     ]
     if len(set(counts)) > 1:
+        # dots3's global layers are DeepSeek sparse attention too (an indexer picks each
+        # query's keys): say so, since one head count per layer would not make them capturable
+        indexers = sorted(
+            {
+                type(m.indexer).__name__
+                for m in model.modules()
+                if isinstance(getattr(m, "indexer", None), torch.nn.Module)
+            }
+        )
+        sparse = (
+            f"; its layers with an indexer ({', '.join(indexers)}) are sparse attention by "
+            "indices as well"
+            if indexers
+            else ""
+        )
         raise HeadhuntError(
             f"{type(model).__name__}: the number of query heads varies per layer "
-            f"({sorted(set(counts))}); headhunt's score tables hold one set of heads per layer"
+            f"({sorted(set(counts))}); headhunt's score tables hold one set of heads per "
+            f"layer{sparse}"
         )
     return counts[0]
 

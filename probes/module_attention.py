@@ -42,6 +42,8 @@ def adapt(model: torch.nn.Module) -> int:
         if route is None:
             continue
         if not getattr(module, "headhunt_adapted", False):
+            # the model's config, for a module that keeps none of its own (XLM's)
+            module.headhunt_model_config = getattr(model, "config", None)
             if route(module) is False:  # another class of that name: not this adapter's
                 continue
             module.headhunt_adapted = True
@@ -480,9 +482,27 @@ def _relative_bias(what: str) -> Callable[[torch.nn.Module], None]:
     return refuse
 
 
+def _xlm(module: torch.nn.Module) -> bool | None:
+    """XLM's ``MultiHeadAttention`` (Lample & Conneau, arXiv 1901.07291) computes attention in
+    its own code. Its model is causal only with ``config.causal``: by default (its masked-LM
+    checkpoints) every query sees every key, and generation fills a mask token appended to the
+    whole input: refused in one line. A causal XLM has no adapter yet (the general refusal)."""
+    if not type(module).__module__.endswith(".xlm.modeling_xlm"):
+        return False  # another class of that name
+    config = getattr(module, "headhunt_model_config", None)
+    if config is not None and not getattr(config, "causal", True):
+        raise HeadhuntError(
+            "XLM's attention (MultiHeadAttention) is bidirectional (config.causal is False: a "
+            "masked LM, which generates by filling a mask token appended to its input); "
+            "headhunt measures decoder-only causal LMs"
+        )
+    return False
+
+
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "Attention": _openai,
     "LSHSelfAttention": _lsh,
+    "MultiHeadAttention": _xlm,
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
     # CPM-Ant: T5-style bucketed relative positions with segment types, computed once per
