@@ -624,16 +624,22 @@ def _load_sub_config_lm(folder, local_only: bool, trust_remote_code: bool, place
     if name is None:
         return None
     lm = AutoModelForCausalLM._model_mapping[type(config)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, info = lm.from_pretrained(
-            folder,
-            config=getattr(config, name),
-            key_mapping={rf"^{name}\.": ""},
-            output_loading_info=True,
-            local_files_only=local_only,
-            **placement,
-        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, info = lm.from_pretrained(
+                folder,
+                config=getattr(config, name),
+                key_mapping={rf"^{name}\.": ""},
+                output_loading_info=True,
+                local_files_only=local_only,
+                **placement,
+            )
+    except Exception as e:
+        raise HeadhuntError(
+            f"could not load the model in {folder}: its {name} ({lm.__name__}) did not build "
+            f"({type(e).__name__}: {_first_line(e)})"
+        ) from None
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise HeadhuntError(
