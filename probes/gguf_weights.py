@@ -194,9 +194,9 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     step for step: dequantise, process, rename, cast to ``dtype``), read from the mapped file.
     ``on_tensor(i, n)`` is called after each tensor (a progress line)."""
     import numpy as np
-    import torch
-    from gguf import GGMLQuantizationType
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from headhunt.probes.gguf_dequant import one_thread
 
     processor = TENSOR_PROCESSORS.get(recipe.architecture, TensorProcessor)(
         config=recipe.processor_config
@@ -204,27 +204,38 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     parsed: dict[str, Any] = {"config": recipe.processor_config, "tensors": {}}
     entries = read_header(path).tensors
     blob = np.memmap(path, mode="r", dtype=np.uint8)  # pages are read as tensors need them
-    for i, entry in enumerate(entries, 1):
-        weights = dequantize(tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type))
-        result = processor.process(
-            weights=weights,
-            name=entry.name,
-            tensor_key_mapping=recipe.name_map,
-            parsed_parameters=parsed,
-        )
-        if result.name in recipe.name_map:
-            weights = result.weights
-            # transformers copies every tensor; only one that still reads the mapped file (a
-            # float32 tensor) or a strided view needs it: the values are the same either way.
-            if np.may_share_memory(weights, blob) or not weights.flags.c_contiguous:
-                weights = np.copy(weights)
-            tensor = torch.from_numpy(weights)
-            if dtype is not None:
-                tensor = tensor.to(dtype)
-            parsed["tensors"][recipe.name_map[result.name]] = tensor
-        if on_tensor is not None:
-            on_tensor(i, len(entries))
+    with one_thread():
+        for i, entry in enumerate(entries, 1):
+            _read_tensor(blob, entry, processor, recipe, parsed, dtype)
+            if on_tensor is not None:
+                on_tensor(i, len(entries))
     return parsed["tensors"]
+
+
+def _read_tensor(blob, entry: TensorEntry, processor, recipe: Recipe, parsed: dict, dtype) -> None:
+    """One step of ``load_gguf_checkpoint``'s loop: dequantise, process, rename, cast."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType
+
+    weights = dequantize(tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type))
+    result = processor.process(
+        weights=weights,
+        name=entry.name,
+        tensor_key_mapping=recipe.name_map,
+        parsed_parameters=parsed,
+    )
+    if result.name not in recipe.name_map:
+        return
+    weights = result.weights
+    # transformers copies every tensor; only one that still reads the mapped file (a float32
+    # tensor) or a strided view needs it: the values are the same either way.
+    if np.may_share_memory(weights, blob) or not weights.flags.c_contiguous:
+        weights = np.copy(weights)
+    tensor = torch.from_numpy(weights)
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    parsed["tensors"][recipe.name_map[result.name]] = tensor
 
 
 # Elements dequantised per call of gguf-py's block function: 4 MB of float32, large enough that
@@ -235,7 +246,9 @@ _CHUNK_ELEMENTS = 1 << 20
 def dequantize(data, qtype):
     """``gguf.dequantize(data, qtype)``, bit for bit, in a third to a half of its time.
 
-    gguf-py dequantises a quantised tensor 16 rows per call of the type's ``dequantize_rows``
+    The common block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) go to
+    :mod:`headhunt.probes.gguf_dequant` (the same arithmetic in torch, faster still). For the
+    others, gguf-py dequantises a quantised tensor 16 rows per call of the type's ``dequantize_rows``
     (a few thousand values: numpy's per-call overhead dominates); this calls the same function
     on rows of about a million values. Each block's values depend on that block's bytes alone
     (elementwise float32 arithmetic), so the grouping cannot change a bit
@@ -246,6 +259,11 @@ def dequantize(data, qtype):
     from gguf import dequantize as gguf_dequantize
     from gguf import quants
 
+    from headhunt.probes.gguf_dequant import dequantize as dequantize_in_torch
+
+    fast = dequantize_in_torch(data, qtype)
+    if fast is not None:
+        return fast.numpy()  # the same memory: torch.from_numpy in state_dict copies nothing
     traits = getattr(quants, "_type_traits", {}).get(qtype)
     if traits is None or data.ndim < 1 or data.size == 0:
         return gguf_dequantize(data, qtype)
