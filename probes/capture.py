@@ -349,19 +349,61 @@ def greedy_decode(
     dev = model.device
     prompts = prompts.to(dev)
     mask = None if attention_mask is None else attention_mask.to(dev).long()
-    b = prompts.shape[0]
     cap = DecodeArgmax(model.n_layers) if capture_argmax else None
-    stop = torch.tensor(sorted(stop_ids), device=dev, dtype=torch.long)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    lengths = torch.zeros(b, dtype=torch.long, device=dev)
-    tokens, argmax = [], []
-    if cache is None:
+    own = _module_caches(model)
+    if own is not None:  # GPT-1: no cache in the model, one of headhunt's in its modules
+        if cache is not None:
+            raise HeadhuntError(
+                f"{type(model.model).__name__} takes no KV cache; the cache given cannot be "
+                "filled (headhunt decodes it with a cache of its own)"
+            )
+        cache = own
+    elif cache is None:
         cache = cache_for_stateful(model.model)
-    if cache_kwarg(model.model) not in inspect.signature(model.model.forward).parameters:
+    if (
+        own is None
+        and cache_kwarg(model.model) not in inspect.signature(model.model.forward).parameters
+    ):
         raise HeadhuntError(
             f"{type(model.model).__name__} takes no KV cache (its forward has no cache "
             "argument); headhunt decodes with one"
         )
+    try:
+        if own is not None:
+            for m in model.attention_modules:
+                m.headhunt_kv = own
+        return _greedy_decode(
+            model, prompts, mask, max_new_tokens, stop_ids, cap, skip_stopped_rows, hooks, cache
+        )
+    finally:
+        if own is not None:
+            for m in model.attention_modules:
+                m.headhunt_kv = None
+
+
+def _module_caches(model: HookedModel) -> Any:
+    """A :class:`~headhunt.probes.module_attention.ModuleKVCache` when the model's forward
+    takes no KV cache and every attention module of it can keep one (GPT-1's, routed by
+    headhunt); else None."""
+    if cache_kwarg(model.model) in inspect.signature(model.model.forward).parameters:
+        return None
+    modules = model.attention_modules
+    if not modules or not all(hasattr(m, "headhunt_kv") for m in modules):
+        return None
+    from headhunt.probes.module_attention import ModuleKVCache
+
+    return ModuleKVCache()
+
+
+def _greedy_decode(
+    model, prompts, mask, max_new_tokens, stop_ids, cap, skip_stopped_rows, hooks, cache
+) -> Decoded:
+    dev = model.device
+    b = prompts.shape[0]
+    stop = torch.tensor(sorted(stop_ids), device=dev, dtype=torch.long)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    lengths = torch.zeros(b, dtype=torch.long, device=dev)
+    tokens, argmax = [], []
     with model.hooks(*hooks):
         n = prompts.shape[1]
         m, pos = _mask_and_positions(mask, n - 1)
@@ -432,12 +474,26 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 def _step(model: HookedModel, ids: Tensor, mask, positions, cache):
-    """One cached forward, the cache passed under the name this model's forward uses."""
+    """One cached forward, the cache passed under the name this model's forward uses (a
+    model that takes none decodes with the cache headhunt put in its modules)."""
+    if isinstance(cache, _module_kv_cache_class()):
+        kw = {"attention_mask": mask, "logits_to_keep": 1}
+        if positions is None:  # no mask: the positions a full forward would give
+            start = cache.get_seq_length(model.attention_layers[0])
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+        kw["position_ids"] = positions.expand(ids.shape[0], -1)
+        return model.forward(ids, **kw)
     kw = {cache_kwarg(model.model): cache, "attention_mask": mask, "use_cache": True}
     kw["logits_to_keep"] = 1
     if positions is not None:
         kw["position_ids"] = positions
     return model.model(ids, **kw)
+
+
+def _module_kv_cache_class():
+    from headhunt.probes.module_attention import ModuleKVCache
+
+    return ModuleKVCache
 
 
 def cache_for_stateful(model: torch.nn.Module) -> Any:

@@ -294,10 +294,39 @@ def _openai_kernel(module, query, key, value, attention_mask, **kwargs):
     return torch.matmul(weights, value).transpose(1, 2), weights
 
 
+class ModuleKVCache:
+    """The keys and values of earlier steps, per layer, for attention modules whose model
+    keeps no KV cache (GPT-1): :func:`headhunt.probes.capture.greedy_decode` hands one to
+    each routed module (``module.headhunt_kv``) for one decoding, so a step feeds only its new
+    token and its query sees every earlier key, as a full forward over the sequence computes
+    it (each earlier key and value is what that forward would compute again: the same
+    weights, tokens, positions and hooks)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+
+    def update(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's keys and values ([b, h, n, d]); return every one so far."""
+        if layer in self.keys:
+            key = torch.cat([self.keys[layer], key], 2)
+            value = torch.cat([self.values[layer], value], 2)
+        self.keys[layer], self.values[layer] = key, value
+        return key, value
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return 0 if layer not in self.keys else self.keys[layer].shape[2]
+
+
 def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
     """GPT-1's ``_attn`` through the seam: keys come transposed ([b, h, d, n]); the module's
-    ``bias`` buffer (its causal rule) joins the model's padding mask in the call's mask."""
+    ``bias`` buffer (its causal rule, bottom-right aligned) joins the model's padding mask in
+    the call's mask. While headhunt decodes (``headhunt_kv``), earlier steps' keys and values
+    come first."""
     k = k.transpose(-1, -2)
+    past = getattr(self, "headhunt_kv", None)
+    if past is not None:
+        k, v = past.update(self.headhunt_layer, k, v)
     nq, nk = q.shape[2], k.shape[2]
     mask = self.bias[:, :, nk - nq : nk, :nk].bool()
     if attention_mask is not None:
@@ -310,10 +339,12 @@ def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
 def _openai(module: torch.nn.Module) -> bool | None:
     """GPT-1's ``Attention`` (OpenAI GPT, Radford et al. 2018): fused ``c_attn``, a causal
     ``bias`` buffer, scores ``q . k / sqrt(d)``. It carries no layer index: headhunt gives it
-    its block's (see ``HookedModel``). The model keeps no KV cache, so decoding is refused."""
+    its block's (see ``HookedModel``). The model keeps no KV cache: headhunt decodes it with
+    one of its own (:class:`ModuleKVCache`)."""
     if not hasattr(module, "c_attn") or not hasattr(module, "scale"):
         return False
     module.layer_idx = None  # headhunt's own, from the block that holds it
+    module.headhunt_kv = None  # a ModuleKVCache while headhunt decodes
     module.headhunt_kernel = _openai_kernel
     module._attn = MethodType(_openai_attn, module)
 

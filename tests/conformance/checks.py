@@ -85,11 +85,15 @@ class _DecodeRows(AttentionHook):
 def _eager_decode(pair: Pair, ids, mask, tokens):
     """The eager model decoding ``tokens`` after ``ids`` with its own KV cache: each step's
     logits and attention rows (placed at absolute key positions: the last key is the query)."""
+    import inspect
+
     from headhunt.probes.capture import _cache, cache_for_stateful, cache_kwarg
 
     total = ids.shape[1] + tokens.shape[1]
     pos = (torch.cat([mask, torch.ones_like(tokens)], 1).cumsum(-1) - 1).clamp_min(0)
     fmask = torch.cat([mask, torch.ones_like(tokens)], 1)
+    if cache_kwarg(pair.eager) not in inspect.signature(pair.eager.forward).parameters:
+        return _eager_recompute(pair, torch.cat([ids, tokens], 1), fmask, pos, ids.shape[1])
     given = cache_for_stateful(pair.eager)  # RecurrentGemma returns no cache: hand it one
     with torch.no_grad():
         out = pair.eager(
@@ -251,3 +255,25 @@ def check_ngram(pair: Pair) -> None:
         want = dense_reference(att[0], ids, cfg)
         for key in ("tl_prev", "tl_dup", "tl_ind"):
             np.testing.assert_allclose(getattr(rec, key)[layer], want[key], atol=1e-4)
+
+
+def _eager_recompute(pair: Pair, seq, fmask, pos, n: int):
+    """A model that keeps no KV cache (GPT-1) decodes by a full forward over the sequence so
+    far at every step: each step's logits and its last query's attention rows."""
+    logits, rows = [], []
+    with torch.no_grad():
+        for p in range(n - 1, seq.shape[1] - 1):
+            out = pair.eager(
+                seq[:, : p + 1],
+                attention_mask=fmask[:, : p + 1],
+                position_ids=pos[:, : p + 1],
+                output_attentions=True,
+            )
+            logits.append(out.logits[:, -1])
+            step = {}
+            for layer, att in _by_layer(pair.hooked, out.attentions):
+                row = att.new_zeros(*att.shape[:2], seq.shape[1])
+                row[..., : p + 1] = att[:, :, -1]
+                step[layer] = row
+            rows.append(step)
+    return logits, rows

@@ -167,7 +167,7 @@ FAMILIES: dict[str, str] = {
     "olmo3": "pass",
     "olmo_hybrid": "pass",
     "olmoe": "pass",
-    "openai-gpt": "refused: takes no KV cache",
+    "openai-gpt": "pass",
     "opt": "pass",
     "pegasus": "refused: cross-attention or several attentions per layer",
     "persimmon": "pass",
@@ -409,46 +409,28 @@ def test_big_bird_full_attention_conforms(zeroed):
     checks.check_prefill_stats(pair)
 
 
-def test_gpt1_is_captured_without_decoding(zeroed):
-    """GPT-1 (OpenAI GPT) computes attention in its module's own code and keeps no KV cache:
-    its attention is captured at each block's index (the module carries none) and passes the
-    prefill checks; decoding, which needs a cache, is refused in one line (the family's row)."""
+def test_gpt1_decodes_with_headhunts_cache():
+    """GPT-1 keeps no KV cache: headhunt decodes it with one of its own in the routed
+    modules, each step feeding one token. The tokens equal greedy full forwards over the
+    sequence so far (its own way of decoding), unpadded too; a cache handed in is refused in
+    one line, and no cache is left in the modules after decoding."""
+    from headhunt.probes.capture import greedy_decode
+
+    from .conftest import padded_batch
+
     pair = build_pair("openai-gpt")
-    assert pair.hooked.attention_layers == [0, 1]
-    checks.check_dense_rows(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
-
-
-def test_composite_folder_loads_its_decoder(tmp_path):
-    """MusicGen's folder holds a composite (text encoder, audio codec, decoder) that
-    transformers maps to the decoder's causal-LM class but cannot build it from: headhunt
-    builds it from the ``decoder`` sub-config, its weights read from under ``decoder.`` in the
-    checkpoint (each equal to the composite's own), and then refuses its cross-attention in
-    one line; a checkpoint that lacks the decoder's weights is refused, never left random."""
-    from safetensors.torch import load_file, save_file
-    from transformers import MusicgenForConditionalGeneration
-
-    from headhunt.probes.hooked import load_model
-    from headhunt.probes.loading import load_hf
-    from headhunt.probes.tiny import tiny_config, word_tokenizer
-
-    torch.manual_seed(0)
-    composite = MusicgenForConditionalGeneration(tiny_config("musicgen")).eval()
-    composite.save_pretrained(tmp_path)
-    word_tokenizer().save_pretrained(tmp_path)
-    model, _ = load_hf(str(tmp_path))
-    assert type(model).__name__ == "MusicgenForCausalLM"
-    own = composite.decoder.state_dict()
-    loaded = model.state_dict()
-    assert loaded.keys() == own.keys() and all(torch.equal(loaded[k], own[k]) for k in own)
+    ids, mask = padded_batch(64)
+    for m in (mask, None):
+        dec = greedy_decode(pair.hooked, ids, attention_mask=m, max_new_tokens=6)
+        seq = ids
+        for t in range(6):
+            full = None if m is None else torch.cat([m, torch.ones_like(seq[:, ids.shape[1] :])], 1)
+            pos = None if full is None else (full.cumsum(-1) - 1).clamp_min(0)
+            with torch.no_grad():
+                out = pair.eager(seq, attention_mask=full, position_ids=pos)
+            assert torch.equal(out.logits[:, -1].argmax(-1), dec.tokens[:, t]), (m is None, t)
+            seq = torch.cat([seq, dec.tokens[:, t : t + 1]], 1)
+    assert all(mod.headhunt_kv is None for mod in pair.hooked.attention_modules)
     with pytest.raises(HeadhuntError) as err:
-        load_model(str(tmp_path), device="cpu")
-    assert "\n" not in str(err.value) and "cross-attention" in str(err.value)
-    weights = load_file(tmp_path / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if "lm_heads" not in k},
-              tmp_path / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
-    with pytest.raises(HeadhuntError) as err:
-        load_hf(str(tmp_path))
-    assert "\n" not in str(err.value) and "decoder.lm_heads.0.weight" in str(err.value)
+        greedy_decode(pair.hooked, ids, max_new_tokens=2, cache=object())
+    assert "\n" not in str(err.value) and "takes no KV cache" in str(err.value)
