@@ -434,3 +434,36 @@ def test_gpt1_decodes_with_headhunts_cache():
     with pytest.raises(HeadhuntError) as err:
         greedy_decode(pair.hooked, ids, max_new_tokens=2, cache=object())
     assert "\n" not in str(err.value) and "takes no KV cache" in str(err.value)
+
+
+def test_composite_folder_loads_its_decoder(tmp_path):
+    """MusicGen's folder holds a composite (text encoder, audio codec, decoder) that
+    transformers maps to the decoder's causal-LM class but cannot build it from: headhunt
+    builds it from the ``decoder`` sub-config, its weights read from under ``decoder.`` in the
+    checkpoint (each equal to the composite's own), and then refuses its cross-attention in
+    one line; a checkpoint that lacks the decoder's weights is refused, never left random."""
+    from safetensors.torch import load_file, save_file
+    from transformers import MusicgenForConditionalGeneration
+
+    from headhunt.probes.hooked import load_model
+    from headhunt.probes.loading import load_hf
+    from headhunt.probes.tiny import tiny_config, word_tokenizer
+
+    torch.manual_seed(0)
+    composite = MusicgenForConditionalGeneration(tiny_config("musicgen")).eval()
+    composite.save_pretrained(tmp_path)
+    word_tokenizer().save_pretrained(tmp_path)
+    model, _ = load_hf(str(tmp_path))
+    assert type(model).__name__ == "MusicgenForCausalLM"
+    own = composite.decoder.state_dict()
+    loaded = model.state_dict()
+    assert loaded.keys() == own.keys() and all(torch.equal(loaded[k], own[k]) for k in own)
+    with pytest.raises(HeadhuntError) as err:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(err.value) and "cross-attention" in str(err.value)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "lm_heads" not in k},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(HeadhuntError) as err:
+        load_hf(str(tmp_path))
+    assert "\n" not in str(err.value) and "decoder.lm_heads.0.weight" in str(err.value)
