@@ -1,13 +1,14 @@
 """Write a GGUF of a real model's shape with random quantised weights, for timing loads of a
 model too big to ship (no 1.5B GGUF is reachable offline): Qwen2-1.5B's layer shapes (28
 layers, hidden 1536, 12 query / 2 key-value heads, FFN 8960, q/k/v biases) in Q4_K_M's main
-block type (Q4_K; the embedding Q6_K, norms and biases float32), with the SmolLM2 GGUF's
-byte-level BPE vocabulary and merges (49,152 tokens; Qwen2's own has 151,936, so the metadata a
-first load parses is smaller here than in the real file, and the second load's share of the
-first is overstated, not understated).
+block type (Q4_K; the embedding Q6_K, norms and biases float32), and a byte-level BPE
+vocabulary of Qwen2's size (151,936 tokens): the SmolLM2 GGUF's 49,152 tokens and merges, then
+merges of two existing tokens, each making a new token, until the size is reached (a real
+tokenizer's amount of metadata for a first load to parse, and the same embedding shape).
+``--vocab 0`` keeps SmolLM2's vocabulary alone (the file of the results' first runs).
 
-    python benchmarks/gguf_shaped.py /tmp/q15/qwen2-shape.gguf
-    HEADHUNT_CACHE=/tmp/empty python benchmarks/gguf_load.py /tmp/q15/qwen2-shape.gguf
+    python benchmarks/gguf_shaped.py /tmp/q15/qwen2-shape-151k.gguf
+    HEADHUNT_CACHE=/tmp/empty python benchmarks/gguf_load.py /tmp/q15/qwen2-shape-151k.gguf
 
 The blocks are random bytes with small float16 scales (every dequantised value finite): the
 load's cost depends on the shapes and block types, not on the values.
@@ -15,12 +16,12 @@ load's cost depends on the shapes and block types, not on the values.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN = 28, 1536, 12, 2, 8960
+QWEN2_VOCAB = 151_936  # Qwen2's embedding rows (151,643 BPE tokens and its special tokens)
 
 
 def _field(reader, key):
@@ -28,7 +29,23 @@ def _field(reader, key):
     return [bytes(f.parts[i]).decode() for i in f.data]
 
 
-def main(out: Path) -> None:
+def grow_vocabulary(tokens, merges, types, size: int, rng) -> None:
+    """Append tokens until there are ``size``: each new token is two existing normal tokens
+    joined, with that merge appended (so every merge's parts and result are in the vocabulary,
+    and the original merges keep their ranks: common words are spelled as before)."""
+    known = set(tokens)
+    normal = [t for t, kind in zip(tokens, types, strict=True) if kind == 1 and len(t) <= 6]
+    while len(tokens) < size:
+        a, b = normal[rng.integers(len(normal))], normal[rng.integers(len(normal))]
+        if a + b in known:
+            continue
+        known.add(a + b)
+        tokens.append(a + b)
+        merges.append(f"{a} {b}")
+        types.append(1)
+
+
+def main(out: Path, vocab: int) -> None:
     import gguf
     from gguf import GGMLQuantizationType as Q
 
@@ -44,6 +61,8 @@ def main(out: Path) -> None:
     ]
     eos = int(src.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
     rng = np.random.default_rng(0)
+    if vocab:
+        grow_vocabulary(tokens, merges, types, vocab, rng)
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), arch="qwen2")
     w.add_name("Random Qwen2-1.5B-shaped GGUF")
@@ -109,4 +128,12 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument(
+        "--vocab", type=int, default=QWEN2_VOCAB, help="tokens (0: SmolLM2's own 49,152)"
+    )
+    args = parser.parse_args()
+    main(args.out, args.vocab)
