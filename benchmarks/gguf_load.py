@@ -22,7 +22,8 @@ import resource, sys, time
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 t0, c0 = time.perf_counter(), cpu()
 import torch, transformers, transformers.modeling_utils, transformers.integrations.gguf.utils
-from transformers import AutoTokenizer, Gemma3ForCausalLM, LlamaForCausalLM
+from transformers import AutoTokenizer, Gemma3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
+import gguf, headhunt.probes.gguf_weights, headhunt.probes.gguf_dequant
 from headhunt.probes.hooked import load_model
 t1, c1 = time.perf_counter(), cpu()
 m = load_model(sys.argv[1], device="cpu", dtype=sys.argv[2])
@@ -32,9 +33,9 @@ print(time.perf_counter() - t1, cpu() - c1, t1 - t0, c1 - c0)
 
 def one_load(spec: str, dtype: str) -> tuple[float, float, float, float]:
     """(wall seconds, CPU seconds) of one ``load_model`` call in a fresh process, then those of
-    the imports before it: torch, transformers with its model-loading machinery and the two
-    bundled models' classes, headhunt (the same for both loads and for any model load, so
-    timed apart). CPU time is what the load costs when other processes share the cores (the
+    the imports before it: torch, transformers with its model-loading machinery and the model
+    classes of the three files timed (Llama, Gemma 3, Qwen2), gguf-py, headhunt (the same for
+    both loads and for any GGUF load, so timed apart). CPU time is what the load costs when other processes share the cores (the
     2-core machine this was run on was)."""
     out = subprocess.run(
         [sys.executable, "-c", CHILD, spec, dtype], capture_output=True, text=True, check=True

@@ -52,6 +52,10 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
+# The load check's prompts: the same three tokens but the last (see HookedModel._check_causal).
+_CHECK_PROMPTS = [[1, 2, 3], [1, 2, 2]]
+
+
 @dataclass
 class HookedModel:
     """A causal LM with hooks on every attention layer.
@@ -223,8 +227,7 @@ class HookedModel:
             for m in self.attention_modules:
                 _run_on_own_device(m)
         self.model.eval()
-        self._check_calls()
-        self._check_causal()
+        self._check_causal(self._check_calls())
 
     def _wrap_attention_free(self, cfg) -> None:
         """A model with no attention at all (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM): its
@@ -254,10 +257,11 @@ class HookedModel:
             "(its behaviour, e.g. MQAR or needle accuracy, is measured without head hooks)"
         )
 
-    def _check_calls(self) -> None:
-        """One three-token forward: every layer's attention must go through headhunt's
-        implementation exactly once, with a call headhunt can reproduce (else a one-line
-        refusal naming the layer)."""
+    def _check_calls(self) -> Tensor | None:
+        """One forward of two three-token prompts (a batch: one pass over the weights, which on
+        a CPU is most of a large model's check): every layer's attention must go through
+        headhunt's implementation exactly once, with a call headhunt can reproduce (else a
+        one-line refusal naming the layer). Returns the logits, for :meth:`_check_causal`."""
         seen: dict[int, int] = {}
         kv_heads: dict[int, int] = {}  # layer -> the key heads its call carries
         outputs: dict[int, Tensor] = {}  # what each layer's attention returned
@@ -289,10 +293,10 @@ class HookedModel:
                     projected[i] = args[0]
 
                 handles.append(proj.register_forward_pre_hook(read))
-        ids = torch.tensor([[1, 2, 3]], device=self.device)
+        ids = torch.tensor(_CHECK_PROMPTS, device=self.device)
         with self.hooks(Count()):
             try:
-                self.forward(ids, use_cache=False)
+                result = self.forward(ids, use_cache=False)
             except HeadhuntError:
                 raise
             except Exception as e:
@@ -339,16 +343,17 @@ class HookedModel:
                 # head-wise sigmoid gate, a sub-norm): what a head writes is what the projection
                 # reads, so hooks see and change the output there (see attention.defer_after).
                 attention.defer_after(self.modules[i])
+        logits = getattr(result, "logits", None)
+        return logits if isinstance(logits, Tensor) and logits.dim() == 3 else None
 
-    def _check_causal(self) -> None:
+    def _check_causal(self, logits: Tensor | None) -> None:
         """Refuse, in one line, a model whose earlier positions see later tokens (an encoder
         such as BERT loaded as a causal LM): change the last of three tokens and the first two
-        positions' logits must not move. Every score headhunt computes assumes causal attention."""
-        try:
-            a = self.forward(torch.tensor([[1, 2, 3]]), use_cache=False).logits[0].float()
-            b = self.forward(torch.tensor([[1, 2, 2]]), use_cache=False).logits[0].float()
-        except Exception:  # a model _check_calls ran is a model this runs; keep its refusals
+        positions' logits must not move (``logits``: :meth:`_check_calls`'s forward of both
+        prompts). Every score headhunt computes assumes causal attention."""
+        if logits is None:  # no logits: a model _check_calls ran is kept, as before
             return
+        a, b = logits[0].float(), logits[1].float()
         moved = (a - b).abs().amax(-1)
         # A causal model's first two rows do not move at all (the same kernels on the same
         # inputs); an encoder's move by a share of what the changed row moves (a random-weight
