@@ -95,6 +95,7 @@ GEMMA_PRESSES = (
     "hh_duo",
     "hh_budget",
     "hh_spread_recent",
+    "hh_duo_snap",
     "knorm",
     "tova",
     "streaming_asis",
@@ -194,21 +195,36 @@ def global_only(press: HeadBudgetPress, layers: list[int]) -> HeadBudgetPress:
     return press
 
 
-def duo_snap(pattern: np.ndarray, ratio: float, length: int) -> HeadBudgetPress:
+def duo_snap(
+    pattern: np.ndarray, ratio: float, length: int, layers: list[int] | None = None
+) -> HeadBudgetPress:
     """The next idea for the RULER-like loss at 0.75: headhunt's DuoAttention pattern with its
     streaming heads keeping SnapKV-chosen tokens (plus 4 sink and 64 recent ones) instead of a
     sink + recent window. The full heads are the ones ``hh_duo`` keeps full at this ratio; the
     streaming heads share what is left of the budget equally, so the entries removed are the
-    ratio, as for every other press."""
-    n = pattern.size
-    n_full = n - round(n * duo_head_ratio(ratio, length))
+    ratio, as for every other press.
+
+    ``layers``: Gemma 3 under kvpress's Gemma 3 rule, where only these (global) layers are
+    compressed: the full heads are those of these layers that ``hh_duo``'s Gemma deployment keeps
+    full (``gemma3_rule.duo_window``: as many as it cannot stream), the ratio is of their entries
+    alone, and every other layer keeps share 1."""
+    pattern = np.asarray(pattern, dtype=float)
+    rows = list(range(pattern.shape[0])) if layers is None else list(layers)
+    sub = pattern[rows]
+    n = sub.size
+    if layers is None:
+        n_full = n - round(n * duo_head_ratio(ratio, length))
+    else:
+        streamed, _ = g3.duo_window(ratio, length, n, sink=DUO_SINK, recent=DUO_RECENT)
+        n_full = n - streamed
     full = np.zeros(n, dtype=bool)
-    full[np.argsort(pattern, axis=None, kind="stable")[n - n_full :]] = True
-    full = full.reshape(pattern.shape)
+    full[np.argsort(sub, axis=None, kind="stable")[n - n_full :]] = True
+    full = full.reshape(sub.shape)
     rest = ((1 - ratio) * n - n_full) / max(n - n_full, 1)
     if rest < 0:
         raise ValueError(f"{n_full} full heads alone keep more than {1 - ratio} of the entries")
-    shares = np.where(full, 1.0, rest)
+    shares = np.ones_like(pattern)
+    shares[rows] = np.where(full, 1.0, rest)
     press = HeadBudgetPress(
         head_scores=pattern,
         press=SnapKVPress(),
@@ -235,6 +251,8 @@ def make_gemma_press(name: str, ratio: float, length: int, data: dict):
         return press
     if name == "hh_budget":
         return global_only(HeadBudgetPress(head_scores=data["kv"], compression_ratio=ratio), layers)
+    if name == "hh_duo_snap":
+        return duo_snap(data["duo"], ratio, length, layers)
     if name == "hh_spread_recent":
         press = HeadBudgetPress(
             head_scores=data["spread_kv"],

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("kvpress")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from kvpress import BasePress, ScorerPress, SnapKVPress, StreamingLLMPress  # noqa: E402
 from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
@@ -161,3 +162,42 @@ def test_adakv_with_one_kv_head_a_layer_is_its_inner_press(model):
     torch.testing.assert_close(ada, inner, atol=1e-4, rtol=1e-4)
     full = answer_logits(model, None, x, g3.positioned_cache(model))
     assert (inner - full).abs().max() > 1e-3  # the press does change the answer
+
+
+def test_duo_snap_on_gemma_keeps_what_hh_duo_keeps_full_and_the_global_ratio():
+    """compare.py's Gemma deployment of ``duo_snap`` (Gemma 3 270M's shape: 18 layers, one KV
+    head each, global layers 5, 11, 17): at 0.5 DuoAttention's Gemma deployment streams 2 of the
+    3 global heads, so the best-scored global layer stays whole and the other two share the
+    rest of the global budget; at 0.75 all three are streamed; sliding layers keep share 1."""
+    from compare import duo_snap
+
+    pattern = np.zeros((18, 1))
+    pattern[[5, 11, 17], 0] = [0.88, 0.94, 0.21]
+    pattern[0, 0] = 5.0  # a sliding layer's score never picks a full head
+    half = duo_snap(pattern, 0.5, 4096, [5, 11, 17]).shares()
+    assert half[[5, 11, 17], 0].tolist() == pytest.approx([0.25, 1.0, 0.25])
+    assert (half[[i for i in range(18) if i not in (5, 11, 17)]] == 1).all()
+    most = duo_snap(pattern, 0.75, 4096, [5, 11, 17]).shares()
+    assert most[[5, 11, 17], 0].tolist() == pytest.approx([0.25, 0.25, 0.25])
+    for shares, ratio in ((half, 0.5), (most, 0.75)):  # removed: the ratio of global entries
+        assert 1 - shares[[5, 11, 17]].mean() == pytest.approx(ratio)
+
+
+def test_duo_snap_on_gemma_prunes_the_global_layer_only(model):
+    """On the tiny Gemma 3 under the rule: the one global head (streamed at 0.5) keeps its share
+    of the context, chosen by SnapKV, the sliding layers keep their window."""
+    from compare import duo_snap
+
+    press = duo_snap(np.full((4, 1), 0.5), 0.5, 4096, [3])
+    assert press.shares()[:, 0].tolist() == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    press.press.window_size = 8  # SnapKV's observation window, shorter than the context
+    cache = g3.positioned_cache(model)
+    got = answer_logits(model, press, ids(4), cache)
+    masked = model.model.layers[3].self_attn.masked_key_indices
+    assert masked[2].numel() == CONTEXT // 2  # 20 of the 40 context entries masked
+    assert all(
+        getattr(model.model.layers[i].self_attn, "masked_key_indices", None) is None
+        for i in range(3)
+    )
+    full = answer_logits(model, None, ids(4), g3.positioned_cache(model))
+    assert (got - full).abs().max() > 1e-3
