@@ -9,19 +9,20 @@
 #   bash device_stream.sh CALL_FOLDER            # then: export PYTHONPATH=/tmp/kv/hh:/tmp/site
 set -u
 C=$1
-K=/tmp/kv
+K=${K:-/tmp/kv}
+SITE=${SITE:-/tmp/site}
 mkdir -p $K/in
 cp -r "$C"/. $K/in/
-if [ ! -f /tmp/site/.done ] && ls $K/in/whl/*.whl >/dev/null 2>&1; then
+if [ ! -f $SITE/.done ] && ls $K/in/whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site $K/in/whl/*.whl && touch /tmp/site/.done
+    --target $SITE $K/in/whl/*.whl && touch $SITE/.done
 fi
 if [ -f $K/in/code.tar.gz ] && [ ! -d $K/src ]; then
   # headhunt's package laid out without installing it (its own dependencies are not needed)
   mkdir -p $K/src $K/hh && tar -xzf $K/in/code.tar.gz -C $K/src
   cp -r $K/src/headhunt $K/hh/ && for d in heads probes kernels; do cp -r $K/src/$d $K/hh/headhunt/$d; done
 fi
-export PYTHONPATH=$K/hh:/tmp/site
+export PYTHONPATH=$K/hh:$SITE
 for f in $K/in/*.jsonl.gz; do [ -f "$f" ] && gunzip -f "$f"; done
 join() {  # join NAME: the pieces NAME.gz.NN, when all there, into $K/NAME (SHA-256 checked)
   local n=$1
