@@ -85,6 +85,7 @@ HEAD_PRESSES = (
     "hh_spread",
     "hh_spread_recent",
     "hh_duo_snap",
+    "hh_duo_union",
 )
 # Gemma 3 (text-only): every press under kvpress's Gemma 3 rule (global layers only, see
 # gemma3_rule.py), then two presses as kvpress ships them for this class (all 18 layers cut,
@@ -195,6 +196,26 @@ def global_only(press: HeadBudgetPress, layers: list[int]) -> HeadBudgetPress:
     return press
 
 
+def union_pattern(retrieval: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """A DuoAttention pattern from two of headhunt's head measurements: each KV head's rank share
+    (0..1] by retrieval score and by attention spread (the share of its attention mass outside
+    sink + recent, ``attention_spread``), the pattern the larger of the two, ties broken by the
+    smaller. The full heads are then the best copiers *and* the widest readers, where the
+    retrieval score alone keeps no head of the early layers that read most widely."""
+    a, b = rank_share(retrieval), rank_share(spread)
+    return np.maximum(a, b) + 1e-6 * np.minimum(a, b)
+
+
+def rank_share(x: np.ndarray) -> np.ndarray:
+    """Each entry's rank over all entries / their number (1 = the largest), ties averaged."""
+    flat = np.asarray(x, dtype=float).ravel()
+    ranks = np.empty(flat.size)
+    ranks[np.argsort(flat, kind="stable")] = np.arange(1, flat.size + 1)
+    for v in np.unique(flat):
+        ranks[flat == v] = ranks[flat == v].mean()
+    return (ranks / flat.size).reshape(np.shape(x))
+
+
 def duo_snap(
     pattern: np.ndarray, ratio: float, length: int, layers: list[int] | None = None
 ) -> HeadBudgetPress:
@@ -292,6 +313,11 @@ def make_press(name: str, ratio: float, length: int, data: dict | None):
         press = DuoAttentionPress(head_compression_ratio=duo_head_ratio(ratio, length))
         pattern = (DUO_SINK, DUO_RECENT, data["duo"])
         press.load_attention_pattern = lambda model: pattern  # the export's README loader
+        return press
+    if name == "hh_duo_union":
+        press = DuoAttentionPress(head_compression_ratio=duo_head_ratio(ratio, length))
+        pattern = (DUO_SINK, DUO_RECENT, union_pattern(data["duo"], data["spread_kv"]))
+        press.load_attention_pattern = lambda model: pattern
         return press
     if name == "hh_lukv":
         press = LUKVPress(ExpectedAttentionPress(epsilon=2e-2), compression_ratio=ratio)

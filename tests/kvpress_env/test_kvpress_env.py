@@ -196,3 +196,25 @@ def test_duo_snap_keeps_the_pattern_full_heads_whole_and_the_ratio(model):
     held, kept, _ = prefill(model, press)
     assert kept == TOKENS + 3 * round(0.2 * TOKENS)
     assert masked_per_head(model, 0)[0] == 0 and masked_per_head(model, 0)[1] > 0
+
+
+def test_union_pattern_keeps_the_best_of_both_rankings():
+    """compare.py's ``union_pattern``: a head ranks by the better of its two rank shares, so the
+    top of the pattern holds the top retrieval heads and the widest readers alike; tied scores
+    share their rank."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kvpress"))
+    from compare import rank_share, union_pattern
+
+    assert rank_share(np.array([[0.0, 0.0], [0.5, 0.2]])).tolist() == [[0.375, 0.375], [1.0, 0.75]]
+    retrieval = np.array([[0.0, 0.0, 0.9], [0.0, 0.8, 0.1]])
+    spread = np.array([[0.9, 0.2, 0.1], [0.3, 0.0, 0.4]])
+    pattern = union_pattern(retrieval, spread)
+    top2 = set(np.argsort(pattern, axis=None)[-2:].tolist())
+    assert top2 == {2, 0}  # the best copier (0, 2) and the widest reader (0, 0)
+    top3 = set(np.argsort(pattern, axis=None)[-3:].tolist())
+    # then rank 5/6: the second copier (1, 1) and the second widest reader (1, 2) tie; (1, 2)
+    # wins on its other rank (4/6 against 1/6)
+    assert top3 == {2, 0, 5}
