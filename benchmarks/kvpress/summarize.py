@@ -7,7 +7,7 @@ others is an upper estimate), each with its SE. Rows compare.py marks ``timing``
 timed alone after the queued runs) give the prefill / decode medians; without them the medians
 come from all rows.
 
-    .venv/bin/python benchmarks/kvpress/summarize.py --results R.jsonl --examples E.jsonl \
+    .venv/bin/python benchmarks/kvpress/summarize.py --results R.jsonl [R2.jsonl] --examples E.jsonl \
         --out benchmarks/results/kvpress_h100/summary
 """
 
@@ -38,6 +38,7 @@ NAMES = {
     "hh_spread": "headhunt spread budgets (ExpectedAttention)",
     "hh_spread_recent": "headhunt spread budgets (recent)",
     "hh_duo_snap": "headhunt DuoAttention pattern, SnapKV tokens in streaming heads",
+    "hh_duo_union": "headhunt DuoAttention pattern, retrieval or spread rank",
     "knorm": "Knorm",
     "tova": "TOVA",
     "streaming_asis": "StreamingLLM, kvpress as shipped (all layers)",
@@ -46,12 +47,21 @@ NAMES = {
 HEAD_AWARE = ("duo_fly", "adakv", "criticalkv")  # the issue's bar: >= 2 points above these
 
 
-def scored(results: Path, examples: Path) -> pd.DataFrame:
+def scored(results: list[Path], examples: Path) -> pd.DataFrame:
+    """``results``: one run's file, or several runs on the same examples and card; a condition
+    (press, ratio, example) answered in more than one keeps the first file's answer."""
     ex = {}
     for line in examples.read_text().splitlines():
         r = json.loads(line)
         ex[r["id"]] = TaskTrial(r["id"], r["task"], r["length"], [], r["answers"])
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    rows, seen = [], set()
+    for path in results:
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            key = (r["press"], r["ratio"], r["id"], r.get("timing"))
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
     df = pd.DataFrame([r for r in rows if "error" not in r])
     if "timing" not in df:
         df["timing"] = None
@@ -242,7 +252,7 @@ def figure(summary: pd.DataFrame, title: str):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--results", required=True)
+    p.add_argument("--results", required=True, nargs="+", help="one run, or runs to merge")
     p.add_argument("--examples", required=True)
     p.add_argument("--title", default="kvpress presses and headhunt's head data")
     p.add_argument("--out", required=True, help="path prefix for .csv, .md, .html")
@@ -250,7 +260,7 @@ def main() -> None:
         "--entry-bytes", type=int, default=256, help="bytes of one KV entry (2 x head_dim x 2)"
     )
     a = p.parse_args()
-    df, errors = scored(Path(a.results), Path(a.examples))
+    df, errors = scored([Path(r) for r in a.results], Path(a.examples))
     summary = summarize(df, a.entry_bytes)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
