@@ -123,6 +123,20 @@ def _alibi_bias(
     return slopes.to(cols.device, torch.float32).view(1, hkv, group, 1, 1) * dist
 
 
+def _bias_block(
+    variant: AttentionVariant, hkv: int, group: int, i0: int, i1: int, c0: int, c1: int
+) -> Float[Tensor, "bb hkv group rows cols"] | None:
+    """Rows ``[i0, i1)`` and key columns ``[c0, c1)`` of the variant's additive ``bias``, as
+    float32 grouped like the scores (a head dimension of 1 stays 1, broadcast); None without
+    a bias. Only this block is converted: the whole bias is never copied."""
+    bias = variant.bias
+    if bias is None:
+        return None
+    blk = bias[:, :, i0:i1, c0:c1]
+    heads = (hkv, group) if bias.shape[1] > 1 else (1, 1)
+    return blk.reshape(blk.shape[0], *heads, *blk.shape[2:]).float()
+
+
 def attention_stats_torch(
     q: Float[Tensor, "b hq nq d"],
     k: Float[Tensor, "b hkv nk d"],
@@ -226,6 +240,10 @@ def attention_stats_torch(
         )
         if bias is not None:  # scores are in log2 units here unless a softcap follows
             s.add_(bias if softcap is not None else bias * _LOG2E)
+        extra = _bias_block(variant, hkv, group, i0, i1, c0, min(c1, nk))
+        if extra is not None:  # the model's own bias; key columns past nk are padding
+            w = extra.shape[-1]
+            s[..., :w].add_(extra if softcap is not None else extra * _LOG2E)
         if softcap is not None:
             # Gemma 2 eager: scores -> softcap * tanh(scores / softcap), then the mask.
             s.div_(softcap).tanh_().mul_(softcap * _LOG2E)
@@ -331,6 +349,11 @@ def attention_probs_at_torch(
     if variant.alibi_slopes is not None:
         slope = variant.alibi_slopes.to(dev, torch.float32).view(1, hq, 1)
         s = s + slope * (ki - (qi + variant.q_offset)).float()
+    if variant.bias is not None:  # the model's bias at each pair, gathered
+        bias = variant.bias
+        bb = bi if bias.shape[0] > 1 else torch.zeros_like(bi)
+        hb = hi if bias.shape[1] > 1 else torch.zeros_like(hi)
+        s = s + bias[bb, hb, qi, ki.clamp(0, max(nk - 1, 0))].float()
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     lse_rows = torch.gather(lse.to(torch.float32), 2, qi)
@@ -376,6 +399,9 @@ def attention_forward_torch(
         bias = _alibi_bias(variant, hkv, group, torch.arange(i0, i1, device=dev), cols)
         if bias is not None:
             s = s + bias
+        extra = _bias_block(variant, hkv, group, i0, i1, 0, nk)
+        if extra is not None:
+            s = s + extra
         if softcap is not None:
             s = softcap * torch.tanh(s / softcap)
         seen = (cols >= lo[:, i0:i1, None]) & (cols <= hi[:, i0:i1, None])  # [b, rows, nk]

@@ -32,7 +32,12 @@ class AttentionVariant:
     ``j // chunk == p // chunk``; ``key_lo[b, i] <= j <= key_hi[b, i]``. ``sinks`` adds one
     logit per query head to every row's softmax denominator (gpt-oss). ``alibi_slopes`` adds
     the linear bias of ALiBi (Press et al. 2022, https://arxiv.org/abs/2108.12409; bloom,
-    mpt) to every scaled score before the softcap: ``s_ij += alibi_slopes[h] * (j - p)``. See
+    mpt) to every scaled score before the softcap: ``s_ij += alibi_slopes[h] * (j - p)``.
+    ``bias`` adds a score bias the model itself built (Inkling's hidden-state-conditioned
+    relative-position bias): ``s_ij += bias[b, h, i, j]``, also before the softcap; the torch
+    reference adds it query block by query block (a block of the bias next to the block of
+    scores, no copy of the whole), and the Triton kernels do not take it (a call with a bias
+    runs on the torch backend on every device: exact, slower). See
     :func:`headhunt.kernels.attention_stats` for the full definitions.
 
     Attributes:
@@ -47,6 +52,8 @@ class AttentionVariant:
         key_hi: Int64 ``[batch, queries]`` last visible key of each row (inclusive).
         alibi_slopes: Float ``[hq]`` ALiBi slope per query head (scores in the units of
             the scaled scores, as ``sinks``).
+        bias: Float ``[b or 1, hq or 1, nq, nk]`` additive score bias (scaled-score units),
+            finite; a dimension of 1 is shared by every batch row or head.
     """
 
     causal: bool = True
@@ -59,6 +66,7 @@ class AttentionVariant:
     key_lo: Int64[Tensor, "b nq"] | None = None
     key_hi: Int64[Tensor, "b nq"] | None = None
     alibi_slopes: Float[Tensor, " hq"] | None = None
+    bias: Float[Tensor, "bb hb nq nk"] | None = None
 
     # Fields the Triton kernels implement when set; a variant that sets any other field
     # goes to the torch backend under "auto" and is refused by backend="triton".
@@ -70,7 +78,7 @@ class AttentionVariant:
     # (never computed without it).
     TORCH_FIELDS = frozenset(
         {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi",
-         "alibi_slopes"}
+         "alibi_slopes", "bias"}
     )  # fmt: skip
 
     @classmethod
@@ -149,6 +157,21 @@ class AttentionVariant:
                 if not torch.isfinite(t).all():
                     raise ValueError(f"{name} must be finite")
             per_head[name] = t
+        bias = self.bias
+        if bias is not None:
+            nk = k.shape[2]
+            if (
+                bias.dim() != 4
+                or bias.shape[0] not in (1, b)
+                or bias.shape[1] not in (1, hq)
+                or tuple(bias.shape[2:]) != (nq, nk)
+            ):
+                raise ValueError(
+                    f"bias must be [{b} or 1, {hq} or 1, {nq}, {nk}]; got {tuple(bias.shape)}"
+                )
+            if not bias.is_floating_point() or not bool(torch.isfinite(bias).all()):
+                raise ValueError("bias must be a finite floating-point tensor")
+            bias = bias.detach().to(device=q.device)  # kept in its dtype: no float32 copy
         bounds = {}
         for name in ("key_lo", "key_hi"):
             t = getattr(self, name)
@@ -168,4 +191,5 @@ class AttentionVariant:
             softcap=None if softcap is None else float(softcap),
             **per_head,
             **bounds,
+            bias=bias,
         ).resolved(q, k)

@@ -37,6 +37,7 @@ UNDERSTOOD_KWARGS = frozenset(
         "softcap",
         "s_aux",  # learned sink logits (gpt-oss and its descendants)
         "alibi_slopes",  # ALiBi (BLOOM, MPT): per-head linear position bias, set by the module
+        "position_bias",  # a score bias the model builds (Inkling): added before the softmax
         "is_causal",
         "position_ids",
         "cache_position",
@@ -149,6 +150,21 @@ class AttentionCall:
         s = self.kwargs.get("alibi_slopes")
         return None if s is None else s.detach()
 
+    @property
+    def bias(self) -> Float[Tensor, "bb hb nq nk"] | None:
+        """An additive score bias the model builds and hands its kernel (``position_bias``:
+        Inkling's relative-position bias, conditioned on the hidden states), ``[b or 1, hq or
+        1, nq, nk]``, added to the scaled scores before the mask. The kernels take it on their
+        torch path (the Triton kernels do not), query block by query block; the tensor is the
+        model's own (headhunt makes no copy of it)."""
+        bias = self.kwargs.get("position_bias")
+        if bias is None:
+            return None
+        bias = bias.detach()
+        if bias.dim() == 3:  # [hq, nq, nk]: shared by the batch
+            bias = bias[None]
+        return bias
+
     def visible_keys(self) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
         """First and last visible key index of every row from the mask (None: no mask, so
         causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
@@ -189,6 +205,9 @@ class AttentionCall:
             kw["sinks"] = self.sinks
         if self.alibi_slopes is not None:
             kw["alibi_slopes"] = self.alibi_slopes
+        if self.bias is not None:
+            bias = self.bias
+            kw["bias"] = bias[batch : batch + 1] if batch is not None and len(bias) > 1 else bias
         vis = self.visible_keys()
         if vis is None:
             return kw
@@ -267,6 +286,11 @@ class AttentionCall:
             p = torch.arange(nq, device=s.device)[rows] + self.q_offset
             rel = torch.arange(nk, device=s.device)[None, :] - p[:, None]
             s = s + slopes[None, :, None, None] * rel.float()
+        if self.bias is not None:  # the model's own bias, these rows (and heads) only
+            bias = self.bias[:, :, rows]
+            if heads is not None and bias.shape[1] > 1:
+                bias = bias[:, torch.as_tensor(heads, device=bias.device)]
+            s = s + bias.float().to(s.device)
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         return s.masked_fill(~self.visible(rows)[:, None], float("-inf"))
@@ -549,6 +573,20 @@ def check_call(call: AttentionCall) -> None:
             f"{call.query_start} ({_key_selection(call.module) or 'a cache layout'}; headhunt "
             "maps each key to one position)"
         )
+    bias = call.bias
+    if bias is not None:
+        b, hq, nq = call.query.shape[:3]
+        nk = call.key.shape[2]
+        if (
+            bias.dim() != 4
+            or bias.shape[0] not in (1, b)
+            or bias.shape[1] not in (1, hq)
+            or tuple(bias.shape[2:]) != (nq, nk)
+        ):
+            raise HeadhuntError(
+                f"layer {call.layer}: a position bias of shape {tuple(bias.shape)} for {nq} "
+                f"queries over {nk} keys; headhunt adds one bias per (query, key)"
+            )
     if call.attention_mask is None and 1 < call.query.shape[2] < call.key.shape[2]:
         # SDPA's is_causal is top-left aligned: only a static cache's first prefill gets here.
         raise HeadhuntError(

@@ -234,8 +234,14 @@ class DecodeArgmax(AttentionHook):
             self._flush()
         # Without a mask the query sees its whole cache (kernel_kwargs would say only
         # scale, causality, offset, softcap and sinks): the cheap check first. The many-layer
-        # kernel adds no ALiBi bias: such layers go through attention_stats below.
-        plain = call.attention_mask is None and call.softcap is None and call.alibi_slopes is None
+        # kernel adds no ALiBi or model-built bias: such layers go through attention_stats below
+        # (a bias: its torch path, on every device).
+        plain = (
+            call.attention_mask is None
+            and call.softcap is None
+            and call.alibi_slopes is None
+            and call.bias is None
+        )
         kw = None if plain else call.kernel_kwargs()
         if (plain or kw.keys() <= self._WHOLE_CACHE) and self._batched_ok(call):
             self._pending[call.layer] = (call.query, call.key, call.key_start)

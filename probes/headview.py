@@ -284,6 +284,9 @@ def _head_capture(head: int, rows: Sequence[int], backend: str):
             for per_head in ("sinks", "alibi_slopes"):
                 if kw.get(per_head) is not None:
                     kw[per_head] = kw[per_head][h : h + 1]
+            if kw.get("bias") is not None:  # the model's bias: this head's [n, n] kept
+                bias = kw["bias"]
+                kw["bias"] = (bias[:, h : h + 1] if bias.shape[1] > 1 else bias).clone()
             stats = _stats_by_query_blocks(q, k, kw, self.backend)
             counts = call.key_counts()[0].to(stats["col_sum"].device)
             src = _Source(q, k, stats["lse"][None, None], kw)
@@ -330,6 +333,8 @@ def _stats_by_query_blocks(
         for name in ("key_lo", "key_hi"):
             if kw.get(name) is not None:
                 part[name] = kw[name][:, i0:i1]
+        if kw.get("bias") is not None:
+            part["bias"] = kw["bias"][:, :, i0:i1]
         s = attention_stats(
             q[:, :, i0:i1], k, key_stats=True, entropy=True, backend=backend, **part
         )

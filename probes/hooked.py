@@ -264,6 +264,7 @@ class HookedModel:
         one-line refusal naming the layer). Returns the logits, for :meth:`_check_causal`."""
         seen: dict[int, int] = {}
         kv_heads: dict[int, int] = {}  # layer -> the key heads its call carries
+        biased: set[int] = set()  # layers whose call carries a score bias the model builds
         outputs: dict[int, Tensor] = {}  # what each layer's attention returned
         projected: dict[int, Tensor] = {}  # what its output projection then read
 
@@ -273,6 +274,8 @@ class HookedModel:
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
                 kv_heads[call.layer] = call.key.shape[1]
+                if call.bias is not None:
+                    biased.add(call.layer)
 
             def after(self, call: attention.AttentionCall, output: Tensor) -> Tensor:
                 outputs[call.layer] = output.reshape(*output.shape[:2], -1)
@@ -331,6 +334,10 @@ class HookedModel:
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
                 "times per forward (e.g. differential attention); headhunt reads one call"
             )
+        # Layers whose scores carry a bias the model builds (Inkling's position_bias): the
+        # kernels measure them on their torch path, on every device (the Triton kernels take no
+        # bias), exactly; the run's manifest says so (describe).
+        self.score_bias_layers = sorted(biased)
         if self.routed_modules and kv_heads:
             # An older config names its key heads its own way (Falcon's multi_query: one key
             # head for all): the calls say how many keys each query head is grouped over.
@@ -518,6 +525,16 @@ class HookedModel:
             **(
                 {"attention_layers": list(self.attention_layers), "layer_kinds": self.layer_kinds}
                 if self.is_hybrid
+                else {}
+            ),
+            **(
+                {
+                    "score_bias_layers": self.score_bias_layers,
+                    "score_bias": "a bias the model builds is added to these layers' scores: "
+                    "measured on the kernels' torch path on every device (exact; the Triton "
+                    "kernels take no bias)",
+                }
+                if getattr(self, "score_bias_layers", None)
                 else {}
             ),
             "dtype": str(self.dtype).removeprefix("torch."),

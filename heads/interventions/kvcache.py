@@ -339,6 +339,7 @@ def _check_plain(call: AttentionCall) -> None:
         ("a logit softcap", call.softcap),
         ("learned sink logits", call.sinks),
         ("ALiBi position biases", call.alibi_slopes),
+        ("a score bias the model builds", call.bias),
         ("a sliding window", call.window),
         ("chunked attention", call.chunk),
     ):

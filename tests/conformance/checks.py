@@ -95,12 +95,19 @@ def _eager_decode(pair: Pair, ids, mask, tokens):
     if cache_kwarg(pair.eager) not in inspect.signature(pair.eager.forward).parameters:
         return _eager_recompute(pair, torch.cat([ids, tokens], 1), fmask, pos, ids.shape[1])
     given = cache_for_stateful(pair.eager)  # RecurrentGemma returns no cache: hand it one
+    # Inkling makes a cache only when told to (use_cache None is not its config's default)
+    asks = (
+        {"use_cache": True}
+        if "use_cache" in inspect.signature(pair.eager.forward).parameters
+        else {}
+    )
     with torch.no_grad():
         out = pair.eager(
             ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=pos[:, : ids.shape[1] - 1],
             **({cache_kwarg(pair.eager): given} if given is not None else {}),
+            **asks,
         )
         cache, feed = _cache(out, given), ids[:, -1:]
         logits, rows = [], []

@@ -180,6 +180,19 @@ OVERRIDES: dict[str, dict] = {
         "chunk_size": 16,
     },
 }
+# Inkling's sliding layers take their shape from swa_* fields: as released (Inkling: twice
+# the key heads in the sliding layers; Inkling 2 and its loop: the same shape), at the tiny
+# size; a window of 8 and a relative-position bias that ends 12 tokens back, so the 20-token
+# rows see both ends of the bias
+OVERRIDES["inkling_text"] = {
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 4,
+    "swa_head_dim": 16,
+    "sliding_window_size": 8,
+    "rel_extent": 12,
+}
+for _family in ("inkling2_text", "inkling2_loop_text"):
+    OVERRIDES[_family] = {**OVERRIDES["inkling_text"], "swa_num_key_value_heads": 2}
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
 for _family in ("gemma4", "gemma4_unified"):
     OVERRIDES[_family] = {"text_config": OVERRIDES["gemma4_text"]}

@@ -117,9 +117,9 @@ FAMILIES: dict[str, str] = {
     "hy_v3": "pass",
     "hy_v4": "refused: passes indices",
     "hyperclovax": "pass",
-    "inkling2_loop_text": "refused: passes position_bias",
-    "inkling2_text": "refused: passes position_bias",
-    "inkling_text": "refused: passes position_bias",
+    "inkling2_loop_text": "refused: passes sinks",
+    "inkling2_text": "refused: passes sinks",
+    "inkling_text": "pass",
     "internlm3": "pass",
     "iquestcoder": "pass",
     "jais2": "pass",
@@ -467,3 +467,24 @@ def test_composite_folder_loads_its_decoder(tmp_path):
     with pytest.raises(HeadhuntError) as err:
         load_hf(str(tmp_path))
     assert "\n" not in str(err.value) and "decoder.lm_heads.0.weight" in str(err.value)
+
+
+def test_position_bias_layers_are_named_and_viewed():
+    """Inkling adds a bias it builds from the hidden states to every layer's scores: the
+    model's facts name those layers and the path that measures them, and one head's view (its
+    own blocked statistics and exact rows) equals the eager model's attention."""
+    from headhunt.probes.headview import head_view
+
+    pair = build_pair("inkling_text")
+    facts = pair.hooked.describe()
+    assert facts["score_bias_layers"] == [0, 1] and "torch path" in facts["score_bias"]
+    ids = torch.randint(3, 64, (20,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        att = pair.eager(ids[None], output_attentions=True).attentions
+    for layer, head in ((0, 1), (1, 3)):
+        view = head_view(pair.hooked, ids, layer, head, rows=[4, 15], tokens=False)
+        dense = att[layer][0, head].double().numpy()
+        assert (view.argmax == dense.argmax(1)).all()
+        for q in (4, 15, 19):
+            assert abs(view.row(q) - dense[q]).max() < 2e-5
+        assert abs(view.col_sum - dense.sum(0)).max() < 1e-4

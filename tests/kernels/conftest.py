@@ -84,6 +84,7 @@ def dense_reference(
     key_lo=None,
     key_hi=None,
     alibi_slopes=None,
+    bias=None,
 ) -> Dense:
     """Materialise the float64 score matrix and derive every statistic from it, as the
     eager attention of transformers does: scale, ALiBi bias (``slope_h * (j - p_i)``),
@@ -98,6 +99,8 @@ def dense_reference(
         q_off = nk - nq if q_offset is None else q_offset
         rel = torch.arange(nk).view(1, nk) - (torch.arange(nq) + q_off).view(nq, 1)
         s = s + alibi_slopes.double().cpu().view(1, hq, 1, 1) * rel.double()
+    if bias is not None:  # a score bias the model built, [b or 1, hq or 1, nq, nk]
+        s = s + bias.double().cpu()
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     visible = dense_visible(

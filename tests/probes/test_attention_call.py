@@ -67,7 +67,7 @@ def test_masks_headhunt_cannot_describe_are_refused():
     bias[..., 1] = -0.5  # a score per key, the same for every query (Doge's dynamic mask)
     with pytest.raises(HeadhuntError, match="a bias per key"):
         check_call(_call(bias))
-    with pytest.raises(HeadhuntError, match="position_bias"):
+    with pytest.raises(HeadhuntError, match="a position bias of shape"):  # not one per pair
         check_call(_call(None, position_bias=torch.zeros(1)))
 
 
