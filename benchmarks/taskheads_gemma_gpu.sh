@@ -8,7 +8,9 @@
 # leaves on the machine (/tmp/kv/g/gemma.gguf) when it is still there, else gzip pieces carried
 # one per call (.stage/kvpress/gN/piece.NN, joined in order once all 5 are here). Every call
 # is idempotent: it keeps what it was given and starts the runs once the GGUF is whole.
-# Settings: EVAL_KV, EVAL_MD (evaluation examples per task), DRAWS, KS.
+# Settings: EVAL_KV, EVAL_MD (evaluation examples per task), DRAWS, KS; DEADLINE (seconds after
+# the start by which everything is packed: each step gets what is left, a sweep cut short keeps
+# the heads it finished).
 set -u
 ST=$1
 R=$PWD
@@ -20,7 +22,7 @@ export PYTHONPATH=$G/pkg:$G/site HEADHUNT_CACHE=$G/cache PYTHONUNBUFFERED=1 OMP_
 
 for d in "$R"/.stage/kvpress/g[0-9]*; do [ -d "$d" ] && cp "$d"/piece.* $G/pieces/ 2>/dev/null; done
 if [ -d "$R/$ST/src/headhunt" ]; then
-  rm -rf $G/pkg $G/files && mkdir -p $G/pkg
+  rm -rf $G/pkg $G/files $G/benchmarks && mkdir -p $G/pkg
   cp -r "$R/$ST/src/headhunt" $G/pkg/headhunt
   for d in probes heads kernels sae app; do cp -r "$R/$ST/src/$d" $G/pkg/headhunt/$d; done
   cp -r "$R/$ST/src/benchmarks" $G/benchmarks && cp -r "$R/$ST/files" $G/files
@@ -49,23 +51,24 @@ set -o pipefail
 python3 $G/benchmarks/taskheads_gguf_fix.py $G/gemma.gguf $G/files/gemma_tokenizer.json.xz \
   $G/files/gemma_fingerprint.json 2>&1 | grep -v Convert || exit 1
 
+left() { echo $((${DEADLINE:-560} - SECONDS - $1)); }
 run_task() {  # run_task TASK DOCS WORDS EVAL
   local out=$G/runs/gemma-$1
-  python3 -m headhunt taskheads --model $G/gemma.gguf --task "$1" --docs "$2" --doc-words "$3" \
-    --examples $((32 + $4)) --score-examples 32 --ks "${KS:-1,2}" --modes mean \
+  timeout "$(left 120)" python3 -m headhunt taskheads --model $G/gemma.gguf --task "$1" \
+    --docs "$2" --doc-words "$3" --examples $((32 + $4)) --score-examples 32 --ks "${KS:-2}" --modes mean \
     --random-from all,outside --random-draws "${DRAWS:-16}" --batch-size 64 --out "$out" \
     --force >"$out.log" 2>&1
   echo "exit $?" >>"$out.log"
-  python3 $G/benchmarks/taskheads_single_heads.py "$out" --model $G/gemma.gguf \
+  timeout "$(left 15)" python3 $G/benchmarks/taskheads_single_heads.py "$out" --model $G/gemma.gguf \
     --batch-size 64 >"$out.singles.log" 2>&1
   echo "exit $?" >>"$out.singles.log"
 }
-run_task kv 10 10 "${EVAL_KV:-400}" &
+run_task kv 10 10 "${EVAL_KV:-300}" &
 run_task multidoc-hard 12 40 "${EVAL_MD:-200}" &
 wait
 cd $G/runs
 for d in gemma-kv gemma-multidoc-hard; do
   tail -3 $d.log $d.singles.log | grep -v "it/s\]"
-  [ -f "$d/ablation.csv" ] && tar -czf "$OUT/$d.tgz" --exclude examples.jsonl $d $d.log $d.singles.log
+  [ -d "$d" ] && tar -czf "$OUT/$d.tgz" --exclude examples.jsonl $d $d.log $d.singles.log
 done
 ls -la "$OUT"
