@@ -167,7 +167,10 @@ def one_thread():
 
     On groups of blocks this small, torch's threads spend more CPU waiting for each other than
     they save: a 1.5B model's weights took 35 s of CPU on two threads against 8 s on one (the
-    2-core machine), and switching the thread count per tensor costs more again."""
+    2-core machine), and switching the thread count per tensor costs more again. torch's own
+    kernels read the count per Python thread, but the call also sets MKL's process-wide count:
+    a matrix product running in another thread meanwhile (a dashboard job) runs on one thread
+    for those seconds."""
     threads = torch.get_num_threads()
     if threads != 1:
         torch.set_num_threads(1)
