@@ -4,7 +4,7 @@ gguf-py's numpy block functions (``gguf.quants``, what ``gguf.dequantize`` and s
 GGUF load run) make a full-size temporary array for every step of a block (split, shift, mask,
 cast, scale): at 1.5B parameters the weights' dequantisation costs tens of seconds. The same
 float32 operations, in the same order, written by torch into the parameter's own memory a
-cache-sized group of blocks at a time (torch's elementwise kernels use every core), give the same
+cache-sized group of blocks at a time on one thread (:func:`one_thread` says why), give the same
 bits in a fraction of the time: IEEE float32 multiplication, addition and subtraction are exactly
 rounded wherever they run, the float16 scales and small integers convert exactly, and nothing
 here is fused (no multiply-add) or reordered. tests/probes/test_gguf_dequant.py compares every
