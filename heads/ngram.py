@@ -198,6 +198,8 @@ def _score_row(
     row = torch.ones(hq, n)  # each query's attention mass over the keys
     if kw.get("sinks") is not None:  # learned sinks take exp(sink - lse) of every row
         row -= torch.exp(kw["sinks"].float()[:, None] - lse[0].float()).cpu()
+    if kw.get("row_sinks") is not None:  # a sink logit per query row (Inkling 2)
+        row -= torch.exp(kw["row_sinks"][0].float() - lse[0].float()).cpu()
     if cfg.exclude_bos:
         row -= a_bos
     if cfg.exclude_current_token:

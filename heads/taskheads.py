@@ -56,8 +56,9 @@ def _rows_kwargs(kw: dict, start: int, stop: int) -> dict:
     for name in ("key_lo", "key_hi"):
         if name in kw:
             kw[name] = kw[name][:, start:stop]
-    if "bias" in kw:  # a score bias the model builds: these rows' part
-        kw["bias"] = kw["bias"][:, :, start:stop]
+    for name in ("bias", "row_sinks"):  # what the model builds per query row: these rows'
+        if name in kw:
+            kw[name] = kw[name][:, :, start:stop]
     return kw
 
 

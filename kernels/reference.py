@@ -191,6 +191,12 @@ def attention_stats_torch(
         sink2 = (sinks.to(device=dev, dtype=f32) * _LOG2E).view(1, hkv, group, 1)
         # Rows that see no key keep only the sink: lse = sink, entropy 0.
         lse_g.copy_((sink2 * _LN2).expand_as(lse_g))
+    # A sink logit per query row instead (Inkling 2), [1 or b, hkv, group, nq], log2 units.
+    rows2 = None
+    if variant.row_sinks is not None:
+        rs = variant.row_sinks.to(device=dev, dtype=f32)
+        rows2 = (rs * _LOG2E).reshape(rs.shape[0], hkv, group, nq)
+        lse_g.copy_((rows2 * _LN2).expand_as(lse_g))
 
     # Visible keys of each row as one interval; block bounds are read on the CPU copy.
     lo, hi = variant.row_bounds(b, nq, nk, device=dev)
@@ -278,13 +284,14 @@ def attention_stats_torch(
             e = s.exp2_()
             t = torch.zeros_like(m)
         l_sum = e.sum(dim=-1)
-        if sink2 is not None:
+        block_sink = sink2 if rows2 is None else rows2[..., i0:i1]
+        if block_sink is not None:
             # One more logit per row: rebase (m, l, t) to M = max(m, sink) and add the
             # sink's term e_s = 2**(sink - M), for the sum and for the entropy.
-            m_top = torch.maximum(m.masked_fill(empty, -math.inf), sink2)
+            m_top = torch.maximum(m.masked_fill(empty, -math.inf), block_sink)
             alpha = torch.exp2(m - m_top).masked_fill(empty, 0.0)
-            e_sink = torch.exp2(sink2 - m_top)
-            t = alpha * (t + (m - m_top) * l_sum) + e_sink * (sink2 - m_top)
+            e_sink = torch.exp2(block_sink - m_top)
+            t = alpha * (t + (m - m_top) * l_sum) + e_sink * (block_sink - m_top)
             l_sum = alpha * l_sum + e_sink
             m = m_top
         else:

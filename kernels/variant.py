@@ -37,7 +37,9 @@ class AttentionVariant:
     relative-position bias): ``s_ij += bias[b, h, i, j]``, also before the softcap; the torch
     reference adds it query block by query block (a block of the bias next to the block of
     scores, no copy of the whole), and the Triton kernels do not take it (a call with a bias
-    runs on the torch backend on every device: exact, slower). See
+    runs on the torch backend on every device: exact, slower). ``row_sinks`` is a sink logit
+    per query (Inkling 2: made from each query's hidden state), one extra logit in that row's
+    softmax as ``sinks`` is in every row's; torch backend only too. See
     :func:`headhunt.kernels.attention_stats` for the full definitions.
 
     Attributes:
@@ -54,6 +56,8 @@ class AttentionVariant:
             the scaled scores, as ``sinks``).
         bias: Float ``[b or 1, hq or 1, nq, nk]`` additive score bias (scaled-score units),
             finite; a dimension of 1 is shared by every batch row or head.
+        row_sinks: Float ``[b or 1, hq, nq]`` sink logit of each query row (not with
+            ``sinks``).
     """
 
     causal: bool = True
@@ -67,6 +71,7 @@ class AttentionVariant:
     key_hi: Int64[Tensor, "b nq"] | None = None
     alibi_slopes: Float[Tensor, " hq"] | None = None
     bias: Float[Tensor, "bb hb nq nk"] | None = None
+    row_sinks: Float[Tensor, "bb hq nq"] | None = None
 
     # Fields the Triton kernels implement when set; a variant that sets any other field
     # goes to the torch backend under "auto" and is refused by backend="triton".
@@ -78,7 +83,7 @@ class AttentionVariant:
     # (never computed without it).
     TORCH_FIELDS = frozenset(
         {"causal", "scale", "q_offset", "window", "chunk", "softcap", "sinks", "key_lo", "key_hi",
-         "alibi_slopes", "bias"}
+         "alibi_slopes", "bias", "row_sinks"}
     )  # fmt: skip
 
     @classmethod
@@ -172,6 +177,21 @@ class AttentionVariant:
             if not bias.is_floating_point() or not bool(torch.isfinite(bias).all()):
                 raise ValueError("bias must be a finite floating-point tensor")
             bias = bias.detach().to(device=q.device)  # kept in its dtype: no float32 copy
+        row_sinks = self.row_sinks
+        if row_sinks is not None:
+            if self.sinks is not None:
+                raise ValueError("give sinks (per head) or row_sinks (per query), not both")
+            if (
+                row_sinks.dim() != 3
+                or row_sinks.shape[0] not in (1, b)
+                or tuple(row_sinks.shape[1:]) != (hq, nq)
+            ):
+                raise ValueError(
+                    f"row_sinks must be [{b} or 1, {hq}, {nq}]; got {tuple(row_sinks.shape)}"
+                )
+            row_sinks = row_sinks.detach().to(device=q.device, dtype=torch.float32)
+            if not bool(torch.isfinite(row_sinks).all()):
+                raise ValueError("row_sinks must be finite")
         bounds = {}
         for name in ("key_lo", "key_hi"):
             t = getattr(self, name)
@@ -192,4 +212,5 @@ class AttentionVariant:
             **per_head,
             **bounds,
             bias=bias,
+            row_sinks=row_sinks,
         ).resolved(q, k)

@@ -36,6 +36,7 @@ UNDERSTOOD_KWARGS = frozenset(
         "sliding_window",  # the mask carries the window (transformers builds it per layer type)
         "softcap",
         "s_aux",  # learned sink logits (gpt-oss and its descendants)
+        "sinks",  # a sink logit per query row, [b, hq, nq, 1] (Inkling 2): checked below
         "alibi_slopes",  # ALiBi (BLOOM, MPT): per-head linear position bias, set by the module
         "position_bias",  # a score bias the model builds (Inkling): added before the softmax
         "is_causal",
@@ -165,6 +166,18 @@ class AttentionCall:
             bias = bias[None]
         return bias
 
+    @property
+    def row_sinks(self) -> Float[Tensor, "bb hq nq"] | None:
+        """A sink logit per query row (Inkling 2's ``sinks``, made from each query's hidden
+        state by a projection: ``[b, hq, nq, 1]`` as the model passes it, here ``[b, hq,
+        nq]``): one extra logit in that row's softmax, whose share is dropped, as ``sinks``
+        (``s_aux``) is one per head. The kernels take it on their torch path."""
+        s = self.kwargs.get("sinks")
+        if s is None:
+            return None
+        s = s.detach()
+        return s[..., 0] if s.dim() == 4 and s.shape[-1] == 1 else s
+
     def visible_keys(self) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
         """First and last visible key index of every row from the mask (None: no mask, so
         causal, bottom-right, or everything for a bidirectional layer). A row that sees no key
@@ -208,6 +221,9 @@ class AttentionCall:
         if self.bias is not None:
             bias = self.bias
             kw["bias"] = bias[batch : batch + 1] if batch is not None and len(bias) > 1 else bias
+        if self.row_sinks is not None:
+            rs = self.row_sinks
+            kw["row_sinks"] = rs[batch : batch + 1] if batch is not None and len(rs) > 1 else rs
         vis = self.visible_keys()
         if vis is None:
             return kw
@@ -301,12 +317,16 @@ class AttentionCall:
         """The model's attention probabilities (float32). With learned sinks a row sums to
         less than 1 (the sink slot takes the rest); a row that sees no key is all zeros."""
         s = self.scores(rows, heads)
-        sinks = self.sinks
+        sinks, row_sinks = self.sinks, self.row_sinks
+        hq = self.query.shape[1]
+        idx = (torch.arange(hq) if heads is None else torch.as_tensor(heads)).to(s.device)
         if sinks is not None:
-            hq = self.query.shape[1]
-            idx = torch.arange(hq) if heads is None else torch.as_tensor(heads)
-            sink = sinks.float().to(s.device)[idx.to(s.device)][None, :, None, None]
+            sink = sinks.float().to(s.device)[idx][None, :, None, None]
             s = torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1)
+        elif row_sinks is not None:  # one per row: these rows' (and heads')
+            sink = row_sinks.float().to(s.device)[:, idx][:, :, rows or slice(None), None]
+            s = torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1)
+            sinks = row_sinks
         m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
         e = torch.exp(s - m)
         p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
@@ -506,7 +526,11 @@ def base_name(module: torch.nn.Module, call: AttentionCall | None = None) -> str
     name = getattr(module, "headhunt_base", "sdpa")
     if call is None or name == "eager":
         return name
-    if call.sinks is not None or (call.softcap is not None and name == "sdpa"):
+    if (
+        call.sinks is not None
+        or call.row_sinks is not None
+        or (call.softcap is not None and name == "sdpa")
+    ):
         return "eager"
     return name
 
@@ -587,6 +611,17 @@ def check_call(call: AttentionCall) -> None:
                 f"layer {call.layer}: a position bias of shape {tuple(bias.shape)} for {nq} "
                 f"queries over {nk} keys; headhunt adds one bias per (query, key)"
             )
+    rs = call.row_sinks
+    if rs is not None:
+        b, hq, nq = call.query.shape[:3]
+        if rs.dim() != 3 or rs.shape[0] not in (1, b) or tuple(rs.shape[1:]) != (hq, nq):
+            raise HeadhuntError(
+                f"layer {call.layer}: sinks of shape {tuple(call.kwargs['sinks'].shape)} for "
+                f"{hq} heads and {nq} queries; headhunt reproduces one sink logit per query "
+                "row ([b, heads, queries, 1]) or per head (s_aux)"
+            )
+        if call.sinks is not None:
+            raise HeadhuntError(f"layer {call.layer}: two kinds of sink logits in one call")
     if call.attention_mask is None and 1 < call.query.shape[2] < call.key.shape[2]:
         # SDPA's is_causal is top-left aligned: only a static cache's first prefill gets here.
         raise HeadhuntError(
@@ -601,6 +636,8 @@ def headhunt_attention(module: torch.nn.Module, query, key, value, attention_mas
     arguments (q, k, v as [b, heads, n, d], the layer's mask); returns ``(output [b, nq, hq, d],
     weights)``. transformers calls it through the ``AttentionInterface``; a module that computes
     attention in its own code calls it from :mod:`headhunt.probes.module_attention`."""
+    if getattr(module, "headhunt_depth", False):  # attention over depth, not tokens: untouched
+        return base_kernel(module)(module, query, key, value, attention_mask, **kwargs)
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
     call = AttentionCall(
         module.headhunt_layer,

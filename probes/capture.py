@@ -216,7 +216,7 @@ class DecodeArgmax(AttentionHook):
 
     # kernel_kwargs of a call that sees its whole cache: nothing but these (sinks do not
     # move an argmax over keys).
-    _WHOLE_CACHE = frozenset({"scale", "causal", "q_offset", "sinks"})
+    _WHOLE_CACHE = frozenset({"scale", "causal", "q_offset", "sinks", "row_sinks"})
 
     def __init__(self, n_layers: int):
         self._step: list[Tensor | None] = [None] * n_layers

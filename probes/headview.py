@@ -284,6 +284,8 @@ def _head_capture(head: int, rows: Sequence[int], backend: str):
             for per_head in ("sinks", "alibi_slopes"):
                 if kw.get(per_head) is not None:
                     kw[per_head] = kw[per_head][h : h + 1]
+            if kw.get("row_sinks") is not None:  # one per query row: this head's
+                kw["row_sinks"] = kw["row_sinks"][:, h : h + 1].clone()
             if kw.get("bias") is not None:  # the model's bias: this head's [n, n] kept
                 bias = kw["bias"]
                 kw["bias"] = (bias[:, h : h + 1] if bias.shape[1] > 1 else bias).clone()
@@ -335,6 +337,8 @@ def _stats_by_query_blocks(
                 part[name] = kw[name][:, i0:i1]
         if kw.get("bias") is not None:
             part["bias"] = kw["bias"][:, :, i0:i1]
+        if kw.get("row_sinks") is not None:
+            part["row_sinks"] = kw["row_sinks"][:, :, i0:i1]
         s = attention_stats(
             q[:, :, i0:i1], k, key_stats=True, entropy=True, backend=backend, **part
         )

@@ -223,6 +223,7 @@ class HookedModel:
             if not getattr(m, "headhunt_prehook", False):
                 m.register_forward_pre_hook(attention._record_query_start, with_kwargs=True)
                 m.headhunt_prehook = True
+        _pass_depth_attention(self.model, base)
         if len({d for d in self.devices if d.startswith("cuda")}) > 1:
             for m in self.attention_modules:
                 _run_on_own_device(m)
@@ -633,6 +634,29 @@ class HookedModel:
 PASS_THROUGH_KINDS = frozenset(
     {"linear_attention", "conv", "mamba", "mamba2", "recurrent", "rwkv", "moe", "mlp", "ffn"}
 )
+
+
+# Names of the projections a token self-attention module makes its queries and keys with.
+_TOKEN_PROJECTIONS = ("q_proj", "k_proj", "qkv_proj", "query_key_value", "c_attn", "query", "Wqkv")
+
+
+def _pass_depth_attention(model: torch.nn.Module, base: str) -> None:
+    """Let attention that is not over tokens run the model's own kernel, untouched.
+
+    Inkling 2's block attention residuals call the attention interface too: at each position a
+    learned query (a parameter, no projection of the tokens) attends over the outputs of the
+    earlier blocks at that same position, to mix the residual stream over depth. It is no
+    head of any layer's token attention, so headhunt neither captures nor changes it: such a
+    module (no layer index, a learned query parameter, no query/key projection of its own)
+    hands its calls straight to the kernel the model chose (:func:`attention.headhunt_attention`)."""
+    for m in model.modules():
+        if hasattr(m, "headhunt_layer") or getattr(m, "layer_idx", None) is not None:
+            continue
+        learned_query = isinstance(getattr(m, "query", None), torch.nn.Parameter)
+        projects = any(isinstance(getattr(m, n, None), torch.nn.Module) for n in _TOKEN_PROJECTIONS)
+        if learned_query and not projects and "Attention" in type(m).__name__:
+            m.headhunt_depth = True
+            m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
 
 
 def passes_through(kind: str) -> bool:

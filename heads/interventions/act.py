@@ -166,7 +166,7 @@ class ActHook(AttentionHook):
         if not heads:
             return output
         kw = call.kernel_kwargs()
-        if not kw["causal"] or {"key_lo", "window", "chunk", "sinks"} & set(kw):
+        if not kw["causal"] or {"key_lo", "window", "chunk", "sinks", "row_sinks"} & set(kw):
             # Padding, windows and chunks break the per-key row counts s_j is normalised by;
             # with learned sinks the rows do not sum to 1.
             raise HeadhuntError(

@@ -340,6 +340,7 @@ def _check_plain(call: AttentionCall) -> None:
         ("learned sink logits", call.sinks),
         ("ALiBi position biases", call.alibi_slopes),
         ("a score bias the model builds", call.bias),
+        ("sink logits per query", call.row_sinks),
         ("a sliding window", call.window),
         ("chunked attention", call.chunk),
     ):

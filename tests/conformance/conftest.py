@@ -191,8 +191,24 @@ OVERRIDES["inkling_text"] = {
     "sliding_window_size": 8,
     "rel_extent": 12,
 }
+# (Inkling 2's LM head scores `unpadded_vocab_size` tokens: the tiny vocabulary's 64, as
+# released checkpoints score their own vocabulary, not the class default's 200058)
 for _family in ("inkling2_text", "inkling2_loop_text"):
-    OVERRIDES[_family] = {**OVERRIDES["inkling_text"], "swa_num_key_value_heads": 2}
+    OVERRIDES[_family] = {
+        **OVERRIDES["inkling_text"],
+        "swa_num_key_value_heads": 2,
+        "unpadded_vocab_size": 64,
+    }
+# Inkling 2 Loop reapplies a middle section of its layers (6-17 of its released config, 3
+# passes): here layer 1 of 3, twice, so the tiny model loops as the released one does
+OVERRIDES["inkling2_loop_text"] |= {
+    "num_hidden_layers": 3,
+    "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"],
+    "n_layers_per_attn_res_block": 1,
+    "loop_layer_index_start": 1,
+    "loop_layer_index_end": 2,
+    "loop_num_passes": 2,
+}
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
 for _family in ("gemma4", "gemma4_unified"):
     OVERRIDES[_family] = {"text_config": OVERRIDES["gemma4_text"]}
@@ -347,7 +363,7 @@ def padded_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
 
 def _reference_attention(module, query, key, value, attention_mask, **kwargs):
     """The model's own eager attention, with the queries of ``_ZEROED`` heads set to zero."""
-    heads = _ZEROED.get(module.layer_idx)
+    heads = _ZEROED.get(getattr(module, "layer_idx", None))  # (attention over depth: none)
     if heads:
         query = query.clone()
         query[:, heads] = 0

@@ -85,6 +85,7 @@ def dense_reference(
     key_hi=None,
     alibi_slopes=None,
     bias=None,
+    row_sinks=None,
 ) -> Dense:
     """Materialise the float64 score matrix and derive every statistic from it, as the
     eager attention of transformers does: scale, ALiBi bias (``slope_h * (j - p_i)``),
@@ -116,8 +117,11 @@ def dense_reference(
     ).unsqueeze(1)  # [b, 1, nq, nk]
     s = s.masked_fill(~visible, -math.inf)
     seen = visible.any(-1).expand(b, hq, nq)
-    if sinks is not None:
-        sink = sinks.double().cpu().view(1, hq, 1, 1).expand(b, hq, nq, 1)
+    if sinks is not None or row_sinks is not None:
+        if sinks is not None:
+            sink = sinks.double().cpu().view(1, hq, 1, 1).expand(b, hq, nq, 1)
+        else:  # a sink logit per query row, [b or 1, hq, nq]
+            sink = row_sinks.double().cpu()[..., None].expand(b, hq, nq, 1)
         lse = torch.logsumexp(torch.cat([s, sink], -1), dim=-1)
         p_sink = torch.exp(sink[..., 0] - lse)
     else:

@@ -62,3 +62,24 @@ def test_a_bias_of_the_wrong_shape_is_refused_in_one_line():
     with pytest.raises(HeadhuntError) as err:
         check_call(call)
     assert "\n" not in str(err.value) and "layer 3: a position bias of shape" in str(err.value)
+
+
+def test_sink_logits_per_query_row_take_their_share_of_each_row():
+    """Inkling 2 passes ``sinks`` [b, hq, nq, 1]: one more logit in each row's softmax. On
+    zero scores row i (i + 1 keys) keeps (i + 1) / (i + 1 + e^r) for its keys, in the dense
+    rows and the kernels alike."""
+    n = 7
+    r = torch.linspace(-1.0, 2.0, n)
+    q, k = torch.zeros(1, 2, n, 4), torch.randn(1, 1, n, 4)
+    sinks = r.view(1, 1, n, 1).expand(1, 2, n, 1)
+    call = AttentionCall(0, q, k, k, None, 0.5, kwargs={"sinks": sinks})
+    check_call(call)
+    i = torch.arange(n, dtype=torch.float64)
+    kept = (i + 1) / (i + 1 + torch.exp(r.double()))
+    torch.testing.assert_close(call.probs()[0, 1].sum(-1).double(), kept)
+    st = attention_stats(q, k, **call.kernel_kwargs())
+    torch.testing.assert_close(st.lse[0, 0].double(), torch.log(i + 1 + torch.exp(r.double())))
+    bad = AttentionCall(2, q, k, k, None, 0.5, kwargs={"sinks": torch.zeros(2)})
+    with pytest.raises(HeadhuntError) as err:
+        check_call(bad)
+    assert "\n" not in str(err.value) and "one sink logit per query row" in str(err.value)
