@@ -13,6 +13,7 @@ import os
 import shutil
 import struct
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -317,19 +318,24 @@ def _parse_gguf(path: Path):
     return config, tok, recipe
 
 
+# One patch of transformers' module globals at a time: two loads in two threads (dashboard
+# jobs) would otherwise save each other's patch as "the original" and leave it in place.
+_PARSE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _parse_once():
     """transformers parses a GGUF's whole metadata once for its config, once for its tokenizer
     and once for the weights' names (seconds each: every vocabulary entry), and rebuilds gguf-py's
     tensor name table for every module of the model (hundreds of times); the results are the
-    same each time, so while this is open each is computed once (deep copies handed out)."""
+    same each time, so while this is open each is computed once (deep copies handed out).
+    It patches module globals, so it is held by one thread at a time (another waits)."""
     import copy
     import functools
 
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    parse, name_map = gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
     parsed: dict[str, Any] = {}
 
     def parse_once(path, return_tensors=False, **kw):
@@ -340,12 +346,14 @@ def _parse_once():
             parsed[key] = parse(path)
         return copy.deepcopy(parsed[key])
 
-    gguf_utils.load_gguf_checkpoint = parse_once
-    gguf.get_tensor_name_map = functools.cache(name_map)
-    try:
-        yield
-    finally:
-        gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = parse, name_map
+    with _PARSE_LOCK:
+        parse, name_map = gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
+        gguf_utils.load_gguf_checkpoint = parse_once
+        gguf.get_tensor_name_map = functools.cache(name_map)
+        try:
+            yield
+        finally:
+            gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = parse, name_map
 
 
 def _model_from_gguf(path: Path, config, recipe, dtype: str):

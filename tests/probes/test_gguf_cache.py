@@ -164,3 +164,39 @@ def test_an_architecture_of_transformers_newer_pipeline_is_converted_by_it_in_me
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert getattr(model, "hf_quantizer", None) is None
     assert not hasattr(model.config, "quantization_config")
+
+
+def test_two_threads_patch_transformers_parse_one_at_a_time():
+    """``_parse_once`` patches transformers' and gguf-py's module globals: a second thread
+    waits until the first has put the originals back, so neither keeps the other's patch."""
+    import threading
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    originals = (gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map)
+    inside, leave, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with loading._parse_once():
+            order.append("first in")
+            inside.set()
+            leave.wait(10)
+            order.append("first out")
+
+    def second():
+        inside.wait(10)
+        with loading._parse_once():
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    inside.wait(10)
+    threads[1].join(0.3)  # the second thread is blocked while the first holds the patch
+    assert threads[1].is_alive() and order == ["first in"]
+    leave.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["first in", "first out", "second in"]
+    assert (gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map) == originals
