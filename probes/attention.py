@@ -158,13 +158,35 @@ class AttentionCall:
         1, nq, nk]``, added to the scaled scores before the mask. The kernels take it on their
         torch path (the Triton kernels do not), query block by query block; the tensor is the
         model's own (headhunt makes no copy of it)."""
+        if "_bias" in self.__dict__:
+            return self.__dict__["_bias"]
         bias = self.kwargs.get("position_bias")
-        if bias is None:
-            return None
-        bias = bias.detach()
-        if bias.dim() == 3:  # [hq, nq, nk]: shared by the batch
-            bias = bias[None]
+        if bias is not None:
+            bias = bias.detach()
+            if bias.dim() == 3:  # [hq, nq, nk]: shared by the batch
+                bias = bias[None]
+        in_mask = self._mask_bias()
+        if in_mask is not None:
+            bias = in_mask if bias is None else bias + in_mask
+        self.__dict__["_bias"] = bias
         return bias
+
+    def _mask_bias(self) -> Float[Tensor, "bb hb nq nk"] | None:
+        """What an additive mask adds on the keys it leaves visible (Doge's dynamic mask
+        attention, arXiv 2508.02124: a learned score of each key's value, per head, the same
+        for every query): that part, 0 on masked keys, or None for a plain mask (0 or the
+        dtype's minimum only). A copy of the mask's size, made once per mask tensor."""
+        mask = self.attention_mask
+        if mask is None or mask.dtype == torch.bool or mask.dim() != 4:
+            return None
+        memo = self._mask_memo()
+        if "bias" not in memo:
+            nq, nk = self.query.shape[2], self.key.shape[2]
+            m = mask[:, :, -nq:, :nk]
+            allowed = m > torch.finfo(m.dtype).min / 2
+            biased = bool((m[allowed] != 0).any())
+            memo["bias"] = torch.where(allowed, m, 0).detach() if biased else None
+        return memo["bias"]
 
     @property
     def row_sinks(self) -> Float[Tensor, "bb hq nq"] | None:
@@ -406,20 +428,13 @@ def _key_selection(module: torch.nn.Module | None) -> str | None:
     indexer = getattr(module, "indexer", None)
     if isinstance(indexer, torch.nn.Module):
         return f"sparse attention by indices: {type(indexer).__name__} picks each query's keys"
+    keep = getattr(module, "keep_window_size", None)
+    if keep is not None:  # Doge's dynamic mask attention
+        return (
+            f"dynamic mask attention: past keep_window_size={keep} keys each query keeps "
+            "only its top-k keys by a learned score"
+        )
     return None
-
-
-def _bias_kind(mask: Tensor, allowed: Tensor) -> str:
-    """What an additive mask that is not 0 on its visible keys adds: a bias per key, the same
-    for every query that sees the key (Doge's dynamic mask attention: a learned score of each
-    key's value, per head), or a bias that varies with the query too (ALiBi, relative
-    positions)."""
-    high = mask.masked_fill(~allowed, -torch.inf).amax(-2)
-    low = mask.masked_fill(~allowed, torch.inf).amin(-2)
-    seen = allowed.any(-2)
-    if bool((high[seen] == low[seen]).all()):
-        return "a bias per key, the same for every query (a dynamic key mask)"
-    return "a position bias (ALiBi or relative positions)"
 
 
 def _mask_intervals(
@@ -427,27 +442,21 @@ def _mask_intervals(
 ) -> tuple[Int[Tensor, "b nq"], Int[Tensor, "b nq"]] | None:
     """Per (batch, query) first and last visible key of a boolean or additive 4-D mask.
 
-    Refuses (one line) an additive mask that is a bias rather than a mask (ALiBi, relative
-    positions), a mask that differs between heads, and a row whose visible keys are not one
-    interval: the kernels describe a row by its first and last key.
+    Refuses (one line) a mask that differs between heads and a row whose visible keys are not
+    one interval: the kernels describe a row by its first and last key. What an additive mask
+    adds on its visible keys is a bias (:meth:`AttentionCall.bias`), not part of this.
     """
     if mask is None:
         return None
     if mask.dim() != 4:
         raise HeadhuntError(f"layer {layer}: a {mask.dim()}-D attention mask (expected 4-D)")
     mask = mask[:, :, -nq:, :nk]
-    if mask.dtype == torch.bool:
-        allowed = mask
-    else:
-        floor = torch.finfo(mask.dtype).min / 2
-        allowed = mask > floor
-        if bool((mask[allowed] != 0).any()):
-            raise HeadhuntError(
-                f"layer {layer}: the attention mask adds {_bias_kind(mask, allowed)}; "
-                "headhunt captures masked softmax attention only"
-            )
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     if allowed.shape[1] != 1 and bool((allowed != allowed[:, :1]).any()):
-        raise HeadhuntError(f"layer {layer}: the attention mask differs between heads")
+        raise HeadhuntError(
+            f"layer {layer}: the attention mask differs between heads"
+            + (f" ({why})" if why else "")
+        )
     allowed = allowed[:, 0]
     # First / last visible key (argmax of a 0/1 row finds its first 1), in blocks of rows so
     # the temporaries stay small next to the mask itself at long context.

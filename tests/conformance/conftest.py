@@ -246,8 +246,19 @@ def _smaller_queries(model: torch.nn.Module) -> None:
             module.query.bias.data.mul_(0.1)
 
 
+def _learned_key_scores(model: torch.nn.Module) -> None:
+    """Doge's dynamic mask adds ``exp(A * softplus(dt_proj(v)))`` to every score of a key:
+    with ``A`` initialised to 0 that is 1 for every key, which no softmax can see. Values of
+    ``A`` as a trained model has (a few tenths, of either sign per key head) make the bias
+    differ between keys, so the checks see it."""
+    for name, module in model.named_modules():
+        if name.endswith("self_attn") and hasattr(module, "A"):
+            n = module.A.numel()
+            module.A.data.copy_(torch.linspace(-0.8, 0.6, n))
+
+
 # Weights some families initialise to a degenerate value (after the seeded random init).
-AFTER_INIT = {"zaya": _unit_key_scale, "rembert": _smaller_queries}
+AFTER_INIT = {"zaya": _unit_key_scale, "rembert": _smaller_queries, "doge": _learned_key_scores}
 for _family in ("gemma4", "gemma4_assistant", "gemma4_text", "gemma4_unified"):
     AFTER_INIT[_family] = _trained_query_scale
 AFTER_INIT["gemma4_unified_text"] = AFTER_INIT["gemma4_unified_assistant"] = _trained_query_scale

@@ -58,7 +58,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v32": "refused: passes indices",
     "deepseek_v4": "refused: compressed keys",
     "diffllama": "refused: calls attention 2 times",
-    "doge": "refused: adds a bias per key, the same for every query",
+    "doge": "pass",
     "dory": "refused: runs 2 times per forward (layers reapplied in recurrent loops)",
     "dots1": "pass",
     "dots3_note": "refused: sparse attention by indices as well",
@@ -488,3 +488,13 @@ def test_position_bias_layers_are_named_and_viewed():
         for q in (4, 15, 19):
             assert abs(view.row(q) - dense[q]).max() < 2e-5
         assert abs(view.col_sum - dense.sum(0)).max() < 1e-4
+
+
+def test_doge_top_k_keys_are_refused_in_one_line():
+    """Doge's per-key bias is measured (the family's row); past ``keep_window_size`` keys its
+    dynamic mask keeps only each query's top-k keys, which differ between heads and leave
+    holes: refused in one line that says so."""
+    with pytest.raises(HeadhuntError) as err:
+        checks.check_dense_rows(build_pair("doge", keep_window_size=4))
+    message = str(err.value)
+    assert "\n" not in message and "keep_window_size=4" in message and "top-k" in message

@@ -59,14 +59,6 @@ def test_masks_headhunt_cannot_describe_are_refused():
     holes[5, 2] = False  # row 5 sees keys 0, 1, 3, 4, 5: not one interval
     with pytest.raises(HeadhuntError, match="not one interval"):
         check_call(_call(_mask(holes)))
-    pos = torch.arange(6.0)
-    bias = (-0.5 * (pos[:, None] - pos[None, :])).expand(2, 1, 6, 6)  # ALiBi-like: not a mask
-    with pytest.raises(HeadhuntError, match="position bias"):
-        check_call(_call(bias))
-    bias = torch.zeros(2, 1, 6, 6)
-    bias[..., 1] = -0.5  # a score per key, the same for every query (Doge's dynamic mask)
-    with pytest.raises(HeadhuntError, match="a bias per key"):
-        check_call(_call(bias))
     with pytest.raises(HeadhuntError, match="a position bias of shape"):  # not one per pair
         check_call(_call(None, position_bias=torch.zeros(1)))
 
@@ -100,3 +92,30 @@ def test_load_model_refuses_a_family_it_cannot_capture(tmp_path):
     with pytest.raises(HeadhuntError, match="relative-position and segment terms") as err:
         load_model(str(tmp_path), device="cpu")
     assert "\n" not in str(err.value)
+
+
+def test_an_additive_mask_that_adds_a_bias_is_measured_with_it():
+    """What an additive mask adds on its visible keys (Doge's per-key dynamic mask, an
+    ALiBi-like bias) is part of the scores: the dense rows and the kernels' statistics equal
+    the softmax of the scores plus the mask, the visible keys still read off the mask."""
+    from headhunt.kernels import attention_stats
+
+    low = torch.finfo(torch.float32).min
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    pos = torch.arange(6.0)
+    alibi = -0.5 * (pos[:, None] - pos[None, :])
+    per_key = torch.randn(2, 4, 1, 6, generator=torch.Generator().manual_seed(3)).expand(2, 4, 6, 6)
+    for bias in (alibi.expand(2, 1, 6, 6), per_key):
+        mask = bias.masked_fill(~causal, low)
+        call = _call(mask)
+        check_call(call)
+        q, k = call.query, call.key.repeat_interleave(2, 1)
+        want = torch.softmax(q @ k.transpose(-1, -2) * 8**-0.5 + mask, -1)
+        torch.testing.assert_close(call.probs(), want)
+        st = attention_stats(call.query, call.key, **call.kernel_kwargs())
+        torch.testing.assert_close(
+            st.lse, torch.logsumexp(q @ k.transpose(-1, -2) * 8**-0.5 + mask, -1)
+        )
+        assert torch.equal(st.argmax, want.argmax(-1))
+    plain = _call(torch.zeros(2, 1, 6, 6).masked_fill(~causal, low))
+    assert plain.bias is None  # a plain additive mask adds nothing

@@ -28,9 +28,9 @@ def _count_derivations(monkeypatch) -> list[int]:
     calls = []
     real = attention._mask_intervals
 
-    def counted(mask, nq, nk, layer):
+    def counted(mask, nq, nk, layer, why=None):
         calls.append(layer)
-        return real(mask, nq, nk, layer)
+        return real(mask, nq, nk, layer, why)
 
     monkeypatch.setattr(attention, "_mask_intervals", counted)
     return calls
