@@ -266,6 +266,7 @@ class HookedModel:
         seen: dict[int, int] = {}
         kv_heads: dict[int, int] = {}  # layer -> the key heads its call carries
         biased: set[int] = set()  # layers whose call carries a score bias the model builds
+        q_heads: dict[int, int] = {}  # layer -> the query heads its call carries
         outputs: dict[int, Tensor] = {}  # what each layer's attention returned
         projected: dict[int, Tensor] = {}  # what its output projection then read
 
@@ -275,6 +276,7 @@ class HookedModel:
             def before(self, call: attention.AttentionCall) -> None:
                 seen[call.layer] = seen.get(call.layer, 0) + 1
                 kv_heads[call.layer] = call.key.shape[1]
+                q_heads[call.layer] = call.query.shape[1]
                 if call.bias is not None:
                     biased.add(call.layer)
 
@@ -334,6 +336,16 @@ class HookedModel:
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {twice[0]} calls attention {seen[twice[0]]} "
                 "times per forward (e.g. differential attention); headhunt reads one call"
+            )
+        odd = {i: n for i, n in q_heads.items() if n != self.n_heads}
+        if odd and getattr(self.model.config, "headhunt_pruning", None) is None:
+            # A config that keeps another layer kind's head count in fields of its own
+            # (Inkling's swa_num_attention_heads): the calls say what each layer has.
+            layer, count = min(odd.items())
+            raise HeadhuntError(
+                f"{type(self.model).__name__}: the number of query heads varies per layer "
+                f"(layer {layer} has {count}, the config's num_attention_heads is "
+                f"{self.n_heads}); headhunt's score tables hold one set of heads per layer"
             )
         # Layers whose scores carry a bias the model builds (Inkling's position_bias): the
         # kernels measure them on their torch path, on every device (the Triton kernels take no

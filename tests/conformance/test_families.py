@@ -498,3 +498,13 @@ def test_doge_top_k_keys_are_refused_in_one_line():
         checks.check_dense_rows(build_pair("doge", keep_window_size=4))
     message = str(err.value)
     assert "\n" not in message and "keep_window_size=4" in message and "top-k" in message
+
+
+def test_query_heads_that_vary_per_layer_are_refused_in_one_line():
+    """Inkling keeps its sliding layers' head count in fields of its own: as released they
+    equal the other layers' (the family's row); a checkpoint whose sliding layers had more
+    query heads is refused when wrapped, from what the calls carry."""
+    with pytest.raises(HeadhuntError) as err:
+        build_pair("inkling_text", swa_num_attention_heads=8, swa_num_key_value_heads=4)
+    message = str(err.value)
+    assert "\n" not in message and "query heads varies per layer (layer 0 has 8" in message
