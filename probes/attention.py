@@ -648,6 +648,10 @@ def headhunt_attention(module: torch.nn.Module, query, key, value, attention_mas
     if getattr(module, "headhunt_depth", False):  # attention over depth, not tokens: untouched
         return base_kernel(module)(module, query, key, value, attention_mask, **kwargs)
     hooks: list[AttentionHook] = getattr(module, "headhunt_hooks", [])
+    only = getattr(module, "headhunt_hook_layers", None)
+    if only:  # a looped module: hooks installed on some of its applications only
+        here = module.headhunt_layer
+        hooks = [h for h in hooks if here in only.get(id(h), (here,))]
     call = AttentionCall(
         module.headhunt_layer,
         query,
@@ -744,6 +748,52 @@ def _run_base_kernel(module: torch.nn.Module, call: AttentionCall, kwargs: dict)
         return base_kernel(module, call)(module, call.query, call.key, call.value, mask, **kwargs)
 
 
+class _LoopOrder:
+    """The order in which one forward applies a looped model's attention modules (a module
+    once per application), and how far the running forward has got."""
+
+    def __init__(self, order: list[torch.nn.Module]):
+        self.order = order
+        self.next = 0
+        self.query_start: int | None = None
+
+
+def install_loop(model: torch.nn.Module, order: list[torch.nn.Module]) -> None:
+    """Tell each module of a looped model which application it runs: the i-th attention call
+    of a forward is layer i (HRM-Text's stacks, Dory's and Inkling 2 Loop's reapplied layers).
+    The count restarts at every forward of the model."""
+    loop = _LoopOrder(order)
+    for m in {id(m): m for m in order}.values():
+        m.headhunt_loop = loop
+        m.headhunt_hook_layers = {}
+        if not getattr(m, "headhunt_loop_hook", False):
+            m.register_forward_pre_hook(_loop_position, with_kwargs=True, prepend=True)
+            m.headhunt_loop_hook = True
+
+    def restart(_mod, _args):
+        loop.next, loop.query_start = 0, None
+
+    if getattr(model, "headhunt_loop_restart", None) is not None:
+        model.headhunt_loop_restart.remove()
+    model.headhunt_loop_restart = model.register_forward_pre_hook(restart)
+
+
+def _loop_position(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a looped module: its layer is this application's position in the
+    order the load check saw; a forward that applies the modules in another order (another
+    number of loops) is refused, since its layers would not be the ones described."""
+    loop = module.headhunt_loop
+    at = loop.next
+    if at >= len(loop.order) or loop.order[at] is not module:
+        raise HeadhuntError(
+            f"{type(module).__name__} (layer {module.layer_idx} of its stack) ran as attention "
+            f"application {at}, not in the order of {len(loop.order)} applications headhunt "
+            "unrolled at load (another number of loops?); reload the model"
+        )
+    loop.next = at + 1
+    module.headhunt_layer = at
+
+
 def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of an attention module: the tokens its layer's cache has seen before
     this call, i.e. the absolute position of the call's first query (a sliding layer's cache
@@ -760,6 +810,12 @@ def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> N
                 f"{told}: one attention module runs at several layers; headhunt captures one "
                 "attention module per layer"
             )
+    loop = getattr(module, "headhunt_loop", None)
+    if loop is not None and module.headhunt_layer > 0:
+        # a looped model writes later applications to cache slots of their own (or none):
+        # every application of one forward starts where the first did
+        module.headhunt_query_start = loop.query_start
+        return
     names = [n for n in ("cache", "past_key_values", "past_key_value") if n in kwargs]
     if not names:  # the cache is not passed by name: assume keys start at position 0
         module.headhunt_query_start = None
@@ -780,6 +836,8 @@ def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> N
             seen = int(cache.get_seq_length(module.layer_idx))
             cache.headhunt_query_start = seen
     module.headhunt_query_start = seen
+    if loop is not None:
+        loop.query_start = seen
 
 
 def register() -> None:

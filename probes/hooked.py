@@ -78,6 +78,9 @@ class HookedModel:
 
     def __post_init__(self) -> None:
         cfg = _text_config(self.model.config)
+        # Each unrolled layer's module (its name in the model) where modules run at several
+        # depths of one forward (HRM-Text, Dory, Inkling 2 Loop); None for other models.
+        self.loop_modules: list[str] | None = None
         if "shared_kv_states" in inspect.signature(self.model.forward).parameters:
             raise HeadhuntError(
                 f"{type(self.model).__name__} is a drafter: its forward reads the KV states of "
@@ -145,6 +148,23 @@ class HookedModel:
         # attention (linear attention, state-space, short convolution, MLP-only) are passed
         # through, keeping the model's own layer indices. Every other layer must be captured.
         self.layer_kinds: list[str] | None = _layer_kinds(cfg, self.n_layers)
+        self._base = base
+        indices = [m.layer_idx for m in found if isinstance(m.layer_idx, int)]
+        if (
+            not self.routed_modules
+            and len(set(indices)) < len(indices)
+            and len(found) < self.n_layers
+            and not self.layer_kinds
+        ):
+            # HRM-Text: two stacks whose modules share layer indices, each stack reapplied in
+            # recurrent cycles: the order of one forward's applications says which is which
+            order = _application_order(self.model, found, base)
+            if len(order) > len({id(m) for m in order}):
+                self._unroll(order)
+                self._install()
+                self.model.eval()
+                self._check_causal(self._check_calls())
+                return
         kinds = self.layer_kinds or ["attention"] * self.n_layers
         per_layer: dict[int, list] = {}
         for m in found:
@@ -215,6 +235,13 @@ class HookedModel:
         # index = the model's layer; None where the layer is not attention (passed through)
         self.modules = [by_layer.get(i) for i in range(self.n_layers)]
         self.attention_layers: list[int] = sorted(by_layer)
+        self._install()
+        self.model.eval()
+        self._check_causal(self._check_calls())
+
+    def _install(self) -> None:
+        """Make every attention layer's module call headhunt's hooks."""
+        base = self._base
         for i in self.attention_layers:
             m = self.modules[i]
             m.headhunt_layer = i
@@ -225,10 +252,33 @@ class HookedModel:
                 m.headhunt_prehook = True
         _pass_depth_attention(self.model, base)
         if len({d for d in self.devices if d.startswith("cuda")}) > 1:
-            for m in self.attention_modules:
+            for m in {id(m): m for m in self.attention_modules}.values():
                 _run_on_own_device(m)
-        self.model.eval()
-        self._check_causal(self._check_calls())
+
+    def _unroll(self, order: list[torch.nn.Module]) -> None:
+        """Make each application of a looped module a layer of its own.
+
+        ``order``: the attention modules in the order one forward applied them (a module
+        reapplied in recurrent loops appears once per application). Layer i is the i-th
+        application: its position in the unrolled order the model really runs, whatever cache
+        slot the model gives it. Each layer keeps its module's shape and kind; at every call
+        the module is told which application it is running (:func:`attention.loop_position`,
+        which refuses a forward whose order differs from this one)."""
+        own = [m.layer_idx if isinstance(m.layer_idx, int) else 0 for m in order]
+
+        def per_application(values: list) -> list:
+            return [values[i] if i < len(values) else values[0] for i in own]
+
+        self.head_dims = per_application(self.head_dims)
+        self.kv_head_counts = per_application(self.kv_head_counts)
+        if self.layer_kinds is not None:
+            self.layer_kinds = per_application(self.layer_kinds)
+        self.n_layers = len(order)
+        self.modules = list(order)
+        self.attention_layers = list(range(self.n_layers))
+        names = {id(m): n for n, m in self.model.named_modules()}
+        self.loop_modules = [names.get(id(m), type(m).__name__) for m in order]
+        attention.install_loop(self.model, order)
 
     def _wrap_attention_free(self, cfg) -> None:
         """A model with no attention at all (Mamba, Mamba-2, Falcon-Mamba, RWKV, xLSTM): its
@@ -281,22 +331,19 @@ class HookedModel:
                     biased.add(call.layer)
 
             def after(self, call: attention.AttentionCall, output: Tensor) -> Tensor:
-                outputs[call.layer] = output.reshape(*output.shape[:2], -1)
+                outputs[id(call.module)] = output.reshape(*output.shape[:2], -1)
                 return output
 
         handles = []
-        runs: dict[int, int] = {}  # layer -> how often its module ran (not its kernel)
-        for i in self.attention_layers:
+        applied: list[torch.nn.Module] = []  # the modules in the order the forward ran them
+        # (keyed by module: a looped module is several layers; its last application is compared)
+        for key, m in {id(m): m for m in self.attention_modules}.items():
+            handles.append(m.register_forward_pre_hook(lambda mod, _args: applied.append(mod)))
+            proj = attention.output_projection(m)
+            if proj is not None and not getattr(m, "headhunt_gated", False):
 
-            def ran(_mod, _args, i=i):
-                runs[i] = runs.get(i, 0) + 1
-
-            handles.append(self.modules[i].register_forward_pre_hook(ran))
-            proj = attention.output_projection(self.modules[i])
-            if proj is not None and not getattr(self.modules[i], "headhunt_gated", False):
-
-                def read(_mod, args, i=i):
-                    projected[i] = args[0]
+                def read(_mod, args, key=key):
+                    projected[key] = args[0]
 
                 handles.append(proj.register_forward_pre_hook(read))
         ids = torch.tensor(_CHECK_PROMPTS, device=self.device)
@@ -324,9 +371,15 @@ class HookedModel:
                 f"{type(self.model).__name__}: layer {missing[0]}'s attention does not go through "
                 "transformers' AttentionInterface, so headhunt cannot see it"
             )
+        runs = {i: sum(a is self.modules[i] for a in applied) for i in self.attention_layers}
         twice = [i for i in self.attention_layers if seen[i] > 1]
-        if twice and runs.get(twice[0], 0) == seen[twice[0]]:
-            # Dory: a section of layers reapplied in recurrent loops, each loop a cache slot
+        if twice and all(runs[i] == seen[i] for i in twice) and self.loop_modules is None:
+            if not self.routed_modules:
+                # Dory, Inkling 2 Loop: a section of layers reapplied in recurrent loops, each
+                # application a layer of its own, in the order the forward ran them
+                self._unroll(applied)
+                self._install()
+                return self._check_calls()
             raise HeadhuntError(
                 f"{type(self.model).__name__}: layer {twice[0]}'s attention module runs "
                 f"{seen[twice[0]]} times per forward (layers reapplied in recurrent loops); "
@@ -356,13 +409,14 @@ class HookedModel:
             # head for all): the calls say how many keys each query head is grouped over.
             for layer, count in kv_heads.items():
                 self.kv_head_counts[layer] = count
-        for i, read in projected.items():
-            out = outputs.get(i)
+        modules = {id(m): m for m in self.attention_modules}
+        for key, read in projected.items():
+            out = outputs.get(key)
             if out is None or out.shape != read.shape or not torch.equal(out, read):
                 # The layer changes its heads' output before projecting it (Qwen3-Next's
                 # head-wise sigmoid gate, a sub-norm): what a head writes is what the projection
                 # reads, so hooks see and change the output there (see attention.defer_after).
-                attention.defer_after(self.modules[i])
+                attention.defer_after(modules[key])
         logits = getattr(result, "logits", None)
         return logits if isinstance(logits, Tensor) and logits.dim() == 3 else None
 
@@ -413,6 +467,12 @@ class HookedModel:
         """The decoder layers (blocks), in layer order: the model's ``ModuleList`` whose item L
         holds attention module L. Forward hooks on ``blocks[L]`` see the residual stream after
         layer L (the way analyzers reach a layer; never a model-family attribute path)."""
+        if self.loop_modules is not None:
+            raise HeadhuntError(
+                f"{type(self.model).__name__} reapplies its layers in loops: a decoder layer "
+                "runs at several depths, so the residual stream after one layer is no one "
+                "module's output; methods that read it cannot measure this model"
+            )
         found = [
             mod
             for mod in self.model.modules()
@@ -542,6 +602,16 @@ class HookedModel:
             ),
             **(
                 {
+                    "looped_layers": self.loop_modules,
+                    "looped": "modules are reapplied in loops: layer i is the i-th attention "
+                    "application in the order the model runs them; looped_layers[i] names the "
+                    "module applied (shared weights: a weight edit acts on all its layers)",
+                }
+                if self.loop_modules is not None
+                else {}
+            ),
+            **(
+                {
                     "score_bias_layers": self.score_bias_layers,
                     "score_bias": "a bias the model builds is added to these layers' scores: "
                     "measured on the kernels' torch path on every device (exact; the Triton "
@@ -566,15 +636,19 @@ class HookedModel:
             acts_on = hook.layers()
             if acts_on:
                 self.check_attention_layers(acts_on)
-        chosen = [self.modules[i] for i in picked]
+        chosen = list({id(self.modules[i]): self.modules[i] for i in picked}.values())
         for m in chosen:
             m.headhunt_hooks.extend(hooks)
+            if self.loop_modules is not None:  # a looped module: only the picked applications
+                only = {i for i in picked if self.modules[i] is m}
+                m.headhunt_hook_layers.update({id(h): only for h in hooks})
         try:
             yield
         finally:
             for m in chosen:
                 for h in hooks:
                     m.headhunt_hooks.remove(h)
+                    getattr(m, "headhunt_hook_layers", {}).pop(id(h), None)
 
     def encode(self, text: str, *, bos: bool = True) -> Int[Tensor, " n"]:
         """Token ids of ``text`` (with the tokenizer's BOS if it has one and ``bos``)."""
@@ -726,6 +800,28 @@ def _index_shared_blocks(model: torch.nn.Module, found: list, n_layers: int) -> 
             m.layer_idx = next(iter(homes))[1]
             m.headhunt_indexed = True  # the index is headhunt's: the forward's must match it
     return sorted(found, key=lambda m: (m.layer_idx is None, m.layer_idx or 0))
+
+
+def _application_order(model: torch.nn.Module, found: list, base: str) -> list:
+    """The attention modules in the order one forward (of the load check's prompts) applies
+    them, each once per application (none where that forward fails). Run before headhunt's
+    hooks are installed: the calls go straight to the model's own kernel."""
+    applied: list[torch.nn.Module] = []
+    handles = []
+    for m in found:
+        if not hasattr(m, "headhunt_layer"):
+            m.headhunt_layer = -1  # not captured yet: no hooks, the call runs untouched
+            m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
+        handles.append(m.register_forward_pre_hook(lambda mod, _args: applied.append(mod)))
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor(_CHECK_PROMPTS, device=next(model.parameters()).device))
+    except Exception:  # no order: the model meets the one-module-per-layer checks instead
+        return []
+    finally:
+        for h in handles:
+            h.remove()
+    return applied
 
 
 # Names transformers' decoders give the attention that reads an encoder's states.

@@ -146,6 +146,11 @@ def prune_model(model: HookedModel, drop: Collection[Head]) -> dict[str, Any]:
     """
     if getattr(model.model.config, CONFIG_KEY, None):
         raise HeadhuntError("this model is already pruned; prune the original model instead")
+    if getattr(model, "loop_modules", None) is not None:
+        raise HeadhuntError(
+            "removing heads from the weights of a looped model is not supported: a module's "
+            "weights serve every layer it is applied at; mask the heads (per layer) instead"
+        )
     if model.is_hybrid:
         raise HeadhuntError(
             "removing heads from the weights of a hybrid model (layers that are not attention) "

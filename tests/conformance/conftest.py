@@ -209,6 +209,16 @@ OVERRIDES["inkling2_loop_text"] |= {
     "loop_layer_index_end": 2,
     "loop_num_passes": 2,
 }
+# Dory runs a middle section of its layers in recurrent loops (2 loops as released): here
+# layers 1-2 of 4, so its 4 modules make 6 layers (input 0, loop 1-2, loop 1-2, output 3)
+OVERRIDES["dory"] = {
+    "num_hidden_layers": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "n_input_layers": 1,
+    "n_recurrent_layers": 2,
+    "n_output_layers": 1,
+    "n_recurrent_loops": 2,
+}
 OVERRIDES["qwen4_exp"] = {"text_config": OVERRIDES["qwen4_exp_text"]}
 for _family in ("gemma4", "gemma4_unified"):
     OVERRIDES[_family] = {"text_config": OVERRIDES["gemma4_text"]}
@@ -291,7 +301,29 @@ def build_pair(family: str, **extra) -> Pair:
     if eager.config._attn_implementation != "eager":  # a model that picks its kernel when built
         eager = _rebuilt_eager(model)
     _layer_from_forward(eager)
-    return Pair(HookedModel(model=model, tokenizer=None, name=family), eager)
+    hooked = HookedModel(model=model, tokenizer=None, name=family)
+    if hooked.loop_modules is not None:
+        _layer_from_application(eager)
+    return Pair(hooked, eager)
+
+
+def _layer_from_application(model: torch.nn.Module) -> None:
+    """A looped model's modules run at several depths of one forward (Dory, HRM-Text): the
+    masking reference zeroes the head of the i-th attention application of the forward, the
+    layer headhunt says it is (counted here on the eager model, apart from headhunt)."""
+    count = [0]
+
+    def restart(_mod, _args):
+        count[0] = 0
+
+    def told(module, _args):
+        module.conformance_layer = count[0]
+        count[0] += 1
+
+    model.register_forward_pre_hook(restart)
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx"):
+            module.register_forward_pre_hook(told)
 
 
 def _layer_from_forward(model: torch.nn.Module) -> None:
@@ -374,7 +406,8 @@ def padded_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
 
 def _reference_attention(module, query, key, value, attention_mask, **kwargs):
     """The model's own eager attention, with the queries of ``_ZEROED`` heads set to zero."""
-    heads = _ZEROED.get(getattr(module, "layer_idx", None))  # (attention over depth: none)
+    layer = getattr(module, "conformance_layer", getattr(module, "layer_idx", None))
+    heads = _ZEROED.get(layer)  # (attention over depth: none)
     if heads:
         query = query.clone()
         query[:, heads] = 0

@@ -59,7 +59,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v4": "refused: compressed keys",
     "diffllama": "refused: calls attention 2 times",
     "doge": "pass",
-    "dory": "refused: runs 2 times per forward (layers reapplied in recurrent loops)",
+    "dory": "pass",
     "dots1": "pass",
     "dots3_note": "refused: sparse attention by indices as well",
     "dots3_note_text": "refused: sparse attention by indices as well",
@@ -111,13 +111,13 @@ FAMILIES: dict[str, str] = {
     "granitemoehybrid": "pass",
     "granitemoeshared": "pass",
     "helium": "pass",
-    "hrm_text": "refused: each module run at several layers of one forward",
+    "hrm_text": "pass",
     "hunyuan_v1_dense": "pass",
     "hunyuan_v1_moe": "pass",
     "hy_v3": "pass",
     "hy_v4": "refused: passes indices",
     "hyperclovax": "pass",
-    "inkling2_loop_text": "refused: runs 2 times per forward (layers reapplied in recurrent loops)",
+    "inkling2_loop_text": "pass",
     "inkling2_text": "pass",
     "inkling_text": "pass",
     "internlm3": "pass",
@@ -508,3 +508,41 @@ def test_query_heads_that_vary_per_layer_are_refused_in_one_line():
         build_pair("inkling_text", swa_num_attention_heads=8, swa_num_key_value_heads=4)
     message = str(err.value)
     assert "\n" not in message and "query heads varies per layer (layer 0 has 8" in message
+
+
+def test_looped_layers_mask_one_application(zeroed):
+    """Dory's tiny model runs modules 0, 1, 2, 1, 2, 3: six layers in the order it applies
+    them. Masking head 1 of layer 4 (module 2's second loop) equals the eager model with that
+    head's query zeroed at its 5th attention call only, and differs from masking layer 2 (the
+    same module's first loop). Weight pruning, the residual stream after a layer and a forward
+    with another number of loops are refused in one line."""
+    from headhunt.heads.interventions.masking import mask_heads
+    from headhunt.heads.interventions.pruning import prune_model
+
+    from .conftest import padded_batch
+
+    pair = build_pair("dory")
+    hm = pair.hooked
+    assert hm.n_layers == 6 and hm.attention_layers == list(range(6))
+    names = [n.removeprefix("model.layers.").removesuffix(".self_attn") for n in hm.loop_modules]
+    assert names == ["0", "1", "2", "1", "2", "3"]
+    assert hm.describe()["looped_layers"] == hm.loop_modules
+    ids, mask = padded_batch(64, seed=4)
+    real = mask.bool()
+    with torch.no_grad():
+        with mask_heads(hm, [(4, 1)]):
+            late = hm.model(ids, attention_mask=mask).logits
+        with mask_heads(hm, [(2, 1)]):
+            early = hm.model(ids, attention_mask=mask).logits
+        with zeroed(pair.eager, [(4, 1)]):
+            ref = pair.eager(ids, attention_mask=mask).logits
+    torch.testing.assert_close(late[real], ref[real], atol=1e-4, rtol=1e-4)
+    assert (late[real] - early[real]).abs().max() > 1e-4
+    for refused in (lambda: prune_model(hm, [(4, 1)]), lambda: hm.blocks):
+        with pytest.raises(HeadhuntError) as err:
+            refused()
+        assert "\n" not in str(err.value) and "loop" in str(err.value)
+    hm.model.config.n_recurrent_loops = 3
+    with pytest.raises(HeadhuntError) as err:
+        hm.forward(ids[:1, :4], use_cache=False)
+    assert "\n" not in str(err.value) and "another number of loops" in str(err.value)
