@@ -377,6 +377,11 @@ def generate_with_plan(
     """
     if getattr(model.model.config, "headhunt_pruning", None) and plan is not None:
         raise HeadhuntError("KV-cache head pruning runs on unpruned models (heads per layer vary)")
+    if getattr(model, "loop_modules", None) is not None and plan is not None:
+        raise HeadhuntError(
+            "KV-cache head pruning needs one cache layer per layer; this model reapplies its "
+            "layers in loops, each application writing a cache slot the model numbers itself"
+        )
     from headhunt.probes.capture import greedy_decode
 
     hooks: tuple[AttentionHook, ...] = ()

@@ -542,7 +542,27 @@ def test_looped_layers_mask_one_application(zeroed):
         with pytest.raises(HeadhuntError) as err:
             refused()
         assert "\n" not in str(err.value) and "loop" in str(err.value)
+    import numpy as np
+
+    from headhunt.heads.interventions.kvcache import KVPlan, generate_with_plan
+
+    plan = KVPlan(full=np.ones((hm.n_layers, hm.n_kv_heads), dtype=bool), sink=1, recent=4)
+    with pytest.raises(HeadhuntError) as err:
+        generate_with_plan(hm, ids[1:, :8], plan, max_new_tokens=2)
+    assert "\n" not in str(err.value) and "loops" in str(err.value)
     hm.model.config.n_recurrent_loops = 3
     with pytest.raises(HeadhuntError) as err:
         hm.forward(ids[:1, :4], use_cache=False)
     assert "\n" not in str(err.value) and "another number of loops" in str(err.value)
+
+
+def test_dory_last_loop_cache_conforms(zeroed):
+    """Dory's other cache mode: only the last loop writes the cache, the earlier loops attend
+    over its cached past and their own keys; every check holds per application."""
+    pair = build_pair("dory", recurrent_kv_cache_mode="last_loop")
+    assert pair.hooked.n_layers == 6
+    checks.check_dense_rows(pair)
+    checks.check_decode(pair)
+    checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
+    checks.check_prefill_stats(pair)
