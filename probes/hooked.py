@@ -82,9 +82,14 @@ class HookedModel:
         # depths of one forward (HRM-Text, Dory, Inkling 2 Loop); None for other models.
         self.loop_modules: list[str] | None = None
         if "shared_kv_states" in inspect.signature(self.model.forward).parameters:
+            # Gemma 4's assistants: every layer's queries (the drafter's own positions) attend
+            # to the keys and values of another model (the last layers of the model it drafts
+            # for, under a bidirectional mask over that model's positions); the drafter has no
+            # key or value projection: cross-attention, which headhunt does not capture
             raise HeadhuntError(
-                f"{type(self.model).__name__} is a drafter: its forward reads the KV states of "
-                "the model it drafts for (shared_kv_states); capture that model instead"
+                f"{type(self.model).__name__} is a drafter whose attention is cross-attention "
+                "to the KV states of the model it drafts for (shared_kv_states: no keys of its "
+                "own); headhunt captures self-attention: capture that model instead"
             )
         self.attention_free: bool = _is_attention_free(self.model, cfg)
         if self.attention_free:
