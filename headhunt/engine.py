@@ -304,6 +304,9 @@ def execute(
             run_dir, dist, progress=progress, method=method.name, device=model.device.type
         )
         ctx.timings["load_model_s"] = time.perf_counter() - t0
+        bias_line = getattr(model, "score_bias_line", lambda: None)()
+        if bias_line:  # such layers run the torch path on every device: say so once
+            ctx.say(bias_line)
         scores = method.run(model, config, ctx)
         finished = True
         if not dist.is_main:

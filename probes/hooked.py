@@ -448,6 +448,19 @@ class HookedModel:
         """The attention modules of the attention layers, in layer order."""
         return [self.modules[i] for i in self.attention_layers]
 
+    def score_bias_line(self) -> str | None:
+        """One line for a run's output where some layers add a bias the model builds to their
+        scores (Inkling's position bias, Doge's per-key mask): which layers, and that the
+        kernels measure them on their torch path (None where no layer does)."""
+        layers = getattr(self, "score_bias_layers", None)
+        if not layers:
+            return None
+        return (
+            f"layers {_ranges(layers)} add a bias the model builds to their scores: measured "
+            "exactly on the kernels' torch path, on every device (the Triton kernels take no "
+            "bias; slower on a GPU)"
+        )
+
     @property
     def is_hybrid(self) -> bool:
         """Whether some layers are not attention (recurrent, state-space, convolution, MLP)."""

@@ -478,6 +478,9 @@ def test_position_bias_layers_are_named_and_viewed():
     pair = build_pair("inkling_text")
     facts = pair.hooked.describe()
     assert facts["score_bias_layers"] == [0, 1] and "torch path" in facts["score_bias"]
+    line = pair.hooked.score_bias_line()
+    assert line.startswith("layers 0-1 add a bias") and "\n" not in line
+    assert build_pair("llama").hooked.score_bias_line() is None
     ids = torch.randint(3, 64, (20,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         att = pair.eager(ids[None], output_attentions=True).attentions
@@ -566,3 +569,21 @@ def test_dory_last_loop_cache_conforms(zeroed):
     checks.check_masking(pair, zeroed)
     checks.check_ngram(pair)
     checks.check_prefill_stats(pair)
+
+
+def test_a_run_on_a_biased_model_says_which_layers_take_the_torch_path(tmp_path, capsys):
+    """A method run on Inkling prints, once, which layers add a bias the model builds and
+    that the kernels' torch path measures them; the manifest records the same."""
+    import headhunt as hh
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
+
+    from .conftest import OVERRIDES
+
+    model = tiny_causal_lm("inkling_text", **OVERRIDES["inkling_text"])
+    hm = HookedModel(model=model, tokenizer=word_tokenizer(), name="inkling-tiny")
+    config = {"inputs": ["random"], "n_seqs": 2, "repeat_len": 10, "bos": False}
+    run = hh.run("ngram", config, model=hm, out=tmp_path / "run", progress=False)
+    out = capsys.readouterr().out
+    assert out.count("layers 0-1 add a bias the model builds") == 1
+    assert run.manifest["model"]["score_bias_layers"] == [0, 1]
