@@ -500,14 +500,16 @@ def _lsh(module: torch.nn.Module) -> None:
     )
 
 
-def _relative_bias(what: str) -> Callable[[torch.nn.Module], None]:
-    """A module whose scores get a relative-position bias its kernel computes apart from
-    ``q . k``: refused in one line saying which."""
+def _relative_bias(what: str, besides: str) -> Callable[[torch.nn.Module], None]:
+    """A module whose scores get a relative-position bias computed in its own code, apart from
+    ``q . k``: refused in one line saying which, and what else stands in the way (the kernels
+    take a bias, :class:`headhunt.kernels.AttentionVariant` ``bias``; no adapter routes these
+    modules' terms to it)."""
 
     def refuse(module: torch.nn.Module) -> None:
         raise HeadhuntError(
-            f"{type(module).__name__} adds {what} to its scores, which headhunt's kernels do "
-            "not reproduce"
+            f"{type(module).__name__} adds {what} to its scores in its own code, which no "
+            f"adapter of headhunt's routes yet; {besides}"
         )
 
     return refuse
@@ -538,11 +540,18 @@ _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "BloomAttention": _bloom,
     # CPM-Ant: T5-style bucketed relative positions with segment types, computed once per
     # forward outside the module (CpmAntSegmentPositionEmbedding)
-    "CpmAntAttention": _relative_bias("a bucketed relative-position bias (with segment types)"),
+    "CpmAntAttention": _relative_bias(
+        "a bucketed relative-position bias (with segment types)",
+        "and its forward puts learned prompt tokens (config.prompt_length) before every "
+        "sequence and pads by token id 0, ignoring the attention mask, so its keys are not "
+        "the input's positions",
+    ),
     # XLNet (Yang et al., arXiv 1906.08237): Transformer-XL's relative position and segment
     # terms, each with learned per-head biases, in two attention streams
     "XLNetRelativeAttention": _relative_bias(
-        "Transformer-XL relative-position and segment terms (two-stream attention)"
+        "Transformer-XL relative-position and segment terms (two-stream attention)",
+        "and its attention is bidirectional unless built with attn_type 'uni' (its default, "
+        "'bi', is a permutation LM's)",
     ),
     "FalconAttention": _falcon,
     "GitSelfAttention": _bert_style,
