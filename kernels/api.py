@@ -158,7 +158,11 @@ def attention_stats(
         **options: Fields of :class:`AttentionVariant`: ``causal`` (bottom-right aligned),
             ``scale`` (positive; default ``1 / sqrt(head dim)``), ``q_offset`` (default
             ``nk - nq``), ``window``, ``chunk``, ``softcap``, ``sinks``, ``key_lo``,
-            ``key_hi``, as described above.
+            ``key_hi``, as described above; ``alibi_slopes``, ``bias`` (a score bias the model
+            builds, ``[b or 1, hq or 1, nq, nk]``, added before the softcap) and ``row_sinks``
+            (a sink logit per query row, ``[b or 1, hq, nq]``), see
+            :class:`AttentionVariant`; ``bias`` and ``row_sinks`` run on the torch backend
+            only (under ``"auto"`` on every device).
 
     Returns:
         :class:`AttentionStats` on ``q``'s device; float32 except int64 ``argmax``.
