@@ -519,7 +519,11 @@ def _xlm(module: torch.nn.Module) -> bool | None:
     """XLM's ``MultiHeadAttention`` (Lample & Conneau, arXiv 1901.07291) computes attention in
     its own code. Its model is causal only with ``config.causal``: by default (its masked-LM
     checkpoints) every query sees every key, and generation fills a mask token appended to the
-    whole input: refused in one line. A causal XLM has no adapter yet (the general refusal)."""
+    whole input: refused in one line. A causal XLM (``config.causal``) is refused in one line
+    too, saying why no adapter routes it: its forward returns no KV cache, and a step with a
+    cache must be given the whole sequence again (it drops the tokens the cache holds; one new
+    token, as headhunt's decoding feeds, leaves it no input), so decoding captures could not
+    run it as the model is run."""
     if not type(module).__module__.endswith(".xlm.modeling_xlm"):
         return False  # another class of that name
     config = getattr(module, "headhunt_model_config", None)
@@ -528,6 +532,12 @@ def _xlm(module: torch.nn.Module) -> bool | None:
             "XLM's attention (MultiHeadAttention) is bidirectional (config.causal is False: a "
             "masked LM, which generates by filling a mask token appended to its input); "
             "headhunt measures decoder-only causal LMs"
+        )
+    if config is not None:
+        raise HeadhuntError(
+            "causal XLM (config.causal) computes attention in its own code and decodes its own "
+            "way: its forward returns no KV cache and a cached step takes the whole sequence "
+            "again, not the one new token headhunt's decoding feeds; headhunt has no adapter"
         )
     return False
 

@@ -587,3 +587,12 @@ def test_a_run_on_a_biased_model_says_which_layers_take_the_torch_path(tmp_path,
     out = capsys.readouterr().out
     assert out.count("layers 0-1 add a bias the model builds") == 1
     assert run.manifest["model"]["score_bias_layers"] == [0, 1]
+
+
+def test_causal_xlm_is_refused_in_one_line():
+    """A causal XLM (config.causal) is refused saying why it has no adapter: it returns no KV
+    cache and its cached steps take the whole sequence again."""
+    with pytest.raises(HeadhuntError) as err:
+        build_pair("xlm", causal=True)
+    message = str(err.value)
+    assert "\n" not in message and "causal XLM" in message and "no KV cache" in message
