@@ -2,7 +2,7 @@
 The first load keeps the GGUF's parsed metadata (config, tokenizer, tensor names) in the cache,
 keyed by the file's content, said when written; later loads read it and the weights from the
 GGUF; --no-cache writes nothing; `headhunt cache list|clear`. On a real tiny GGUF
-(tests/probes/conftest.py); benchmarks/gguf_load.py times the bundled models' loads."""
+(tests/probes/gguf_fixtures.py); benchmarks/gguf_load.py times the bundled models' loads."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_tiny_gguf
+from gguf_fixtures import write_tiny_gguf
 
 from headhunt.probes import gguf_weights, loading
 
