@@ -357,11 +357,11 @@ def greedy_decode(
     mask = None if attention_mask is None else attention_mask.to(dev).long()
     cap = DecodeArgmax(model.n_layers) if capture_argmax else None
     own = _module_caches(model)
-    if own is not None:  # GPT-1: no cache in the model, one of headhunt's in its modules
+    if own is not None:  # GPT-1, causal XLM: one of headhunt's caches in their modules
         if cache is not None:
             raise HeadhuntError(
-                f"{type(model.model).__name__} takes no KV cache; the cache given cannot be "
-                "filled (headhunt decodes it with a cache of its own)"
+                f"{type(model.model).__name__} returns no KV cache; the cache given cannot "
+                "be filled (headhunt decodes it with a cache of its own)"
             )
         cache = own
     elif cache is None:
@@ -388,11 +388,10 @@ def greedy_decode(
 
 
 def _module_caches(model: HookedModel) -> Any:
-    """A :class:`~headhunt.probes.module_attention.ModuleKVCache` when the model's forward
-    takes no KV cache and every attention module of it can keep one (GPT-1's, routed by
-    headhunt); else None."""
-    if cache_kwarg(model.model) in inspect.signature(model.model.forward).parameters:
-        return None
+    """A :class:`~headhunt.probes.module_attention.ModuleKVCache` when every attention module
+    of the model can keep one (those headhunt routes in a model that returns no KV cache:
+    GPT-1's, whose forward takes none, causal XLM's, whose cached step takes the whole
+    sequence again); else None."""
     modules = model.attention_modules
     if not modules or not all(hasattr(m, "headhunt_kv") for m in modules):
         return None
@@ -483,6 +482,10 @@ def _step(model: HookedModel, ids: Tensor, mask, positions, cache):
     """One cached forward, the cache passed under the name this model's forward uses (a
     model that takes none decodes with the cache headhunt put in its modules)."""
     if isinstance(cache, _module_kv_cache_class()):
+        if getattr(model.attention_modules[0], "headhunt_step_mask_new", False):
+            # XLM reads one padding-mask column per token it is fed, and without a mask
+            # guesses one by counting pad ids: every fed token given, as real when no mask is
+            mask = ids.new_ones(ids.shape) if mask is None else mask[:, -ids.shape[1] :]
         kw = {"attention_mask": mask, "logits_to_keep": 1}
         if positions is None:  # no mask: the positions a full forward would give
             start = cache.get_seq_length(model.attention_layers[0])

@@ -48,6 +48,10 @@ def adapt(model: torch.nn.Module) -> int:
                 continue
             module.headhunt_adapted = True
         routed += 1
+    xlm = any(getattr(m, "headhunt_step_mask_new", False) for m in model.modules())
+    if xlm and not getattr(model, "headhunt_padding_hook", False):
+        model.register_forward_pre_hook(_xlm_padding, with_kwargs=True)
+        model.headhunt_padding_hook = True
     return routed
 
 
@@ -515,31 +519,92 @@ def _relative_bias(what: str, besides: str) -> Callable[[torch.nn.Module], None]
     return refuse
 
 
+def _xlm_kernel(module, query, key, value, attention_mask, **_kwargs):
+    """XLM's score code: ``(q / sqrt(d)) . k``, keys the mask hides filled with the dtype's
+    minimum, softmax in float32 (cast back), then ``p @ v``."""
+    scores = torch.matmul(query / math.sqrt(module.head_dim), key.transpose(2, 3))
+    if attention_mask is not None:
+        scores = scores.masked_fill(~_visible(attention_mask), torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _xlm_forward(self, input, mask, kv=None, cache=None, output_attentions=False, **kwargs):
+    """A causal XLM's ``MultiHeadAttention.forward`` around the seam. Its mask is the causal
+    triangle over the tokens the forward is fed ([b, n, n] of the model's cache and them; the
+    padding mask only zeroes hidden states, so a padded row's queries see its pad keys, as in
+    the model). While headhunt decodes (``headhunt_kv``), earlier steps' keys and values come
+    first, every one visible to the new queries (each is earlier than they are)."""
+    _self_attention_only(self, kv)
+    b, n = input.shape[:2]
+    shape = (b, n, self.n_heads, self.head_dim)
+    q, k, v = (
+        proj(input).view(shape).transpose(1, 2) for proj in (self.q_lin, self.k_lin, self.v_lin)
+    )
+    if cache is not None:
+        k, v = _update_self_cache(self, cache, k, v, kwargs)
+    visible = mask.bool().view(b, 1, n, -1)
+    padding = getattr(self, "headhunt_padding", None)
+    if padding is not None:  # pad queries see no key (their states are zeroed after the layer)
+        visible = visible & padding[:, -n:].to(visible.device)[:, None, :, None]
+    past = getattr(self, "headhunt_kv", None)
+    if past is not None:
+        k, v = past.update(self.headhunt_layer, k, v)
+        earlier = visible.new_ones(b, 1, n, k.shape[2] - visible.shape[-1])
+        visible = torch.cat([earlier, visible], -1)
+        self.headhunt_query_start = k.shape[2] - n  # the model's own cache is empty then
+    out, weights = attention.headhunt_attention(
+        self, q, k, v, visible, scaling=1.0 / math.sqrt(self.head_dim)
+    )
+    out = (self.out_lin(out.reshape(b, n, -1)),)
+    return out + (weights,) if output_attentions else out
+
+
+def _xlm_padding(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a causal XLM: its padding mask, as its forward makes it (the mask
+    given, else the first ``lengths`` tokens, counted from the pad ids when not given), for
+    its routed attention modules. The model's causal mask leaves pad queries seeing keys;
+    their states are zeroed after every layer, so nothing reads those rows: the routed call
+    hides them, as headhunt's statistics count real queries only."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    padding = kwargs.get("attention_mask")
+    if padding is None and ids is not None:
+        lengths = kwargs.get("lengths")
+        if lengths is None:
+            lengths = (ids != model.config.pad_index).sum(1)
+        padding = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]
+    for m in model.modules():
+        if getattr(m, "headhunt_step_mask_new", False):
+            m.headhunt_padding = None if padding is None else padding.bool()
+
+
 def _xlm(module: torch.nn.Module) -> bool | None:
     """XLM's ``MultiHeadAttention`` (Lample & Conneau, arXiv 1901.07291) computes attention in
     its own code. Its model is causal only with ``config.causal``: by default (its masked-LM
     checkpoints) every query sees every key, and generation fills a mask token appended to the
-    whole input: refused in one line. A causal XLM (``config.causal``) is refused in one line
-    too, saying why no adapter routes it: its forward returns no KV cache, and a step with a
-    cache must be given the whole sequence again (it drops the tokens the cache holds; one new
-    token, as headhunt's decoding feeds, leaves it no input), so decoding captures could not
-    run it as the model is run."""
+    whole input: refused in one line. A causal XLM is routed: ``q_lin``/``k_lin``/``v_lin``/
+    ``out_lin``, scores ``(q / sqrt(d)) . k``, the model's causal mask. Its forward returns no
+    KV cache (a cached step of its own takes the whole sequence again), so headhunt decodes it
+    with one of its own (:class:`ModuleKVCache`), as GPT-1, fed the new token's padding mask
+    column only (``headhunt_step_mask_new``: the model's padding mask is one column per token
+    it is fed)."""
     if not type(module).__module__.endswith(".xlm.modeling_xlm"):
         return False  # another class of that name
     config = getattr(module, "headhunt_model_config", None)
-    if config is not None and not getattr(config, "causal", True):
+    if config is None:
+        return False
+    if not getattr(config, "causal", False):
         raise HeadhuntError(
             "XLM's attention (MultiHeadAttention) is bidirectional (config.causal is False: a "
             "masked LM, which generates by filling a mask token appended to its input); "
             "headhunt measures decoder-only causal LMs"
         )
-    if config is not None:
-        raise HeadhuntError(
-            "causal XLM (config.causal) computes attention in its own code and decodes its own "
-            "way: its forward returns no KV cache and a cached step takes the whole sequence "
-            "again, not the one new token headhunt's decoding feeds; headhunt has no adapter"
-        )
-    return False
+    module.layer_idx = module.layer_id
+    module.headhunt_kv = None  # a ModuleKVCache while headhunt decodes
+    module.headhunt_step_mask_new = True
+    module.headhunt_padding = None  # the model's padding mask, set by _xlm_padding
+    module.headhunt_kernel = _xlm_kernel
+    module.forward = MethodType(_xlm_forward, module)
 
 
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {

@@ -92,7 +92,10 @@ def _eager_decode(pair: Pair, ids, mask, tokens):
     total = ids.shape[1] + tokens.shape[1]
     pos = (torch.cat([mask, torch.ones_like(tokens)], 1).cumsum(-1) - 1).clamp_min(0)
     fmask = torch.cat([mask, torch.ones_like(tokens)], 1)
-    if cache_kwarg(pair.eager) not in inspect.signature(pair.eager.forward).parameters:
+    modules = pair.hooked.attention_modules
+    takes = cache_kwarg(pair.eager) in inspect.signature(pair.eager.forward).parameters
+    if not takes or (modules and all(hasattr(m, "headhunt_kv") for m in modules)):
+        # a model that returns no KV cache (GPT-1, causal XLM) decodes by full forwards
         return _eager_recompute(pair, torch.cat([ids, tokens], 1), fmask, pos, ids.shape[1])
     given = cache_for_stateful(pair.eager)  # RecurrentGemma returns no cache: hand it one
     # Inkling makes a cache only when told to (use_cache None is not its config's default)
@@ -265,8 +268,8 @@ def check_ngram(pair: Pair) -> None:
 
 
 def _eager_recompute(pair: Pair, seq, fmask, pos, n: int):
-    """A model that keeps no KV cache (GPT-1) decodes by a full forward over the sequence so
-    far at every step: each step's logits and its last query's attention rows."""
+    """A model that returns no KV cache (GPT-1, causal XLM) decodes by a full forward over the
+    sequence so far at every step: each step's logits and its last query's attention rows."""
     logits, rows = [], []
     with torch.no_grad():
         for p in range(n - 1, seq.shape[1] - 1):

@@ -440,6 +440,8 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
         "BigBirdSelfAttention",
     ):
         return module.query, lambda h: slice(h * d, (h + 1) * d)  # query: [.., heads * d]
+    if name == "MultiHeadAttention" and hasattr(module, "q_lin"):  # XLM's q_lin: [.., heads * d]
+        return module.q_lin, lambda h: slice(h * d, (h + 1) * d)
     if name == "MptAttention":  # Wqkv: [.., 3 * heads * d], queries first
         return module.Wqkv, lambda h: slice(h * d, (h + 1) * d)
     if name in ("BloomAttention", "GPTNeoXJapaneseAttention"):  # [.., heads, 3, d], q first

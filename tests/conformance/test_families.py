@@ -433,7 +433,7 @@ def test_gpt1_decodes_with_headhunts_cache():
     assert all(mod.headhunt_kv is None for mod in pair.hooked.attention_modules)
     with pytest.raises(HeadhuntError) as err:
         greedy_decode(pair.hooked, ids, max_new_tokens=2, cache=object())
-    assert "\n" not in str(err.value) and "takes no KV cache" in str(err.value)
+    assert "\n" not in str(err.value) and "returns no KV cache" in str(err.value)
 
 
 def test_composite_folder_loads_its_decoder(tmp_path):
@@ -589,10 +589,48 @@ def test_a_run_on_a_biased_model_says_which_layers_take_the_torch_path(tmp_path,
     assert run.manifest["model"]["score_bias_layers"] == [0, 1]
 
 
-def test_causal_xlm_is_refused_in_one_line():
-    """A causal XLM (config.causal) is refused saying why it has no adapter: it returns no KV
-    cache and its cached steps take the whole sequence again."""
-    with pytest.raises(HeadhuntError) as err:
-        build_pair("xlm", causal=True)
-    message = str(err.value)
-    assert "\n" not in message and "causal XLM" in message and "no KV cache" in message
+def test_causal_xlm_conforms(zeroed):
+    """A causal XLM (config.causal) passes every check: its module's attention is routed and,
+    as it returns no KV cache, headhunt decodes it with one of its own, one token a step."""
+    pair = build_pair("xlm", causal=True)
+    assert pair.hooked.attention_layers == [0, 1]
+    checks.check_dense_rows(pair)
+    checks.check_decode(pair)
+    checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
+    checks.check_prefill_stats(pair)
+
+
+def test_causal_xlm_decodes_with_headhunts_cache():
+    """Each step's logits (not only their argmax) equal the full forward's at that position,
+    padded and not; without a mask every token is real, a pad id in the prompt too (the
+    reference is given an all-ones mask: XLM's forward without one guesses it by counting pad
+    ids)."""
+    from headhunt.probes.capture import greedy_decode
+
+    from .conftest import padded_batch
+
+    pair = build_pair("xlm", causal=True)
+    padded, mask = padded_batch(64)
+    unpadded = padded.clone()
+    unpadded[:, 5] = pair.eager.config.pad_index
+    for m, ids in ((mask, padded), (None, unpadded)):
+        seen = []
+        hook = pair.hooked.model.register_forward_hook(
+            lambda _mod, _args, out, seen=seen: seen.append(out.logits[:, -1])
+        )
+        try:
+            dec = greedy_decode(pair.hooked, ids, attention_mask=m, max_new_tokens=6)
+        finally:
+            hook.remove()
+        seq = ids
+        base = torch.ones_like(ids) if m is None else m
+        for t in range(6):
+            full = torch.cat([base, torch.ones_like(seq[:, ids.shape[1] :])], 1)
+            pos = (full.cumsum(-1) - 1).clamp_min(0)
+            with torch.no_grad():
+                out = pair.eager(seq, attention_mask=full, position_ids=pos)
+            torch.testing.assert_close(seen[t + 1], out.logits[:, -1], atol=1e-5, rtol=1e-5)
+            assert torch.equal(out.logits[:, -1].argmax(-1), dec.tokens[:, t]), (m is None, t)
+            seq = torch.cat([seq, dec.tokens[:, t : t + 1]], 1)
+    assert all(mod.headhunt_kv is None for mod in pair.hooked.attention_modules)
