@@ -4,8 +4,9 @@ uninterrupted run's (issue 18's fault-injection test).
 Each method is killed several times in a row before the final resume: three times in the middle
 of a durable write (``HEADHUNT_KILL_AT_WRITE=N``: half of the N-th record or atomic file is on
 disk, then SIGKILL), and twice at a random moment after the run folder appeared (seeded, so a
-failure replays). That is 50 kills over ten methods, sinks' last one on a two-process group
-(the launcher is killed; its workers die with it)."""
+failure replays). That is 65 kills over eleven methods and the two behavioural methods of an
+attention-free model (Mamba: needle accuracy and MQAR accuracy, no heads), sinks' last one on a
+two-process group (the launcher is killed; its workers die with it)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ TIMES = {"seconds", "trials_per_s", "prefill_s"}  # wall times kept inside a met
 TRIALS = ["--lengths", "128", "--depths", "0,100", "--needles", "passkey", "--max-new-tokens", "3"]
 
 
+# The attention-free runs: needle and MQAR accuracy from a Mamba folder (no head files).
+ATTENTION_FREE = ("retrieval-mamba", "mqar-mamba")
+
+
 def case_argv(method: str, model: Path, data: Path) -> list[str]:
+    if method in ATTENTION_FREE:  # the same trials from the Mamba folder, no head options
+        method, model = method.removesuffix("-mamba"), data / "mamba"
     common = ["--model", str(model), "--device", "cpu"]
     if method == "retrieval":
         return ["retrieval", *common, "--lengths", "128", "--depths", "0,50,100",
@@ -42,9 +49,10 @@ def case_argv(method: str, model: Path, data: Path) -> list[str]:
                 "--repeat-len", "12", "--planted-len", "60", "--text-tokens", "40",
                 "--n-texts", "2", "--k-max", "3", "--batch-size", "1"]  # fmt: skip
     if method == "mqar":
+        heads = ["--heads-cell", "2,0", "--head-examples", "3", "--top-k", "2",
+                 "--random-sets", "2"]  # fmt: skip
         return ["mqar", *common, "--pairs", "2,4", "--tokens-per-pair", "8", "--gaps", "0,6",
-                "--examples", "3", "--heads-cell", "2,0", "--head-examples", "3", "--top-k",
-                "2", "--random-sets", "2"]  # fmt: skip
+                "--examples", "3", *(heads if model.name != "mamba" else [])]  # fmt: skip
     if method == "kv-eval":
         return ["kv-eval", *common, "--fractions", "0,0.5,1", "--lengths", "150", "--depths",
                 "50", "--needles", "passkey", "--tasks", "mk_niah", "--task-repeats", "1",
@@ -112,6 +120,11 @@ def data(tmp_path_factory, tiny_folder, rank_every_head) -> Path:
         for c in COLOURS
     ]  # fmt: skip
     (folder / "taskheads.jsonl").write_text("".join(json.dumps(r) + "\n" for r in examples))
+    from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
+
+    tok = word_tokenizer()
+    tiny_causal_lm("mamba", vocab_size=len(tok)).save_pretrained(folder / "mamba")
+    tok.save_pretrained(folder / "mamba")
     return folder
 
 
@@ -181,6 +194,7 @@ def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
         "calibrate",
         "prune",
         "taskheads",
+        *ATTENTION_FREE,
     ],  # fmt: skip
 )
 def test_kill_9_then_resume_gives_the_uninterrupted_run(method, tiny_folder, data, tmp_path):
