@@ -519,6 +519,50 @@ def _relative_bias(what: str, besides: str) -> Callable[[torch.nn.Module], None]
     return refuse
 
 
+def _cpmant_forward(self, hidden_q, hidden_kv, attention_mask, position_bias, *args, **kwargs):
+    """``CpmAntAttention.forward`` as headhunt meets it: the model's own mask ([b, nq, nk],
+    True = visible, queries bottom-right aligned with the keys) says whether a query sees a
+    later key. Either way the call is refused in one line (nothing routes it through the
+    seam); the line says why, from the mask."""
+    nq, nk = attention_mask.shape[-2:]
+    query_pos = torch.arange(nk - nq, nk, device=attention_mask.device)[:, None]
+    later = torch.arange(nk, device=attention_mask.device)[None, :] > query_pos
+    seen = attention_mask.bool() & later
+    if bool(seen.any()):
+        prompt = int(getattr(self.headhunt_model_config, "prompt_length", 0) or 0)
+        # the first such pair of input tokens (positions after the learned prompt tokens)
+        own = seen.clone()
+        own[..., : max(prompt - (nk - nq), 0), :] = False
+        own[..., :prompt] = False
+        _, q, k = (int(i) for i in (own if bool(own.any()) else seen).nonzero()[0])
+        raise HeadhuntError(
+            f"layer {self.layer_idx} (CpmAntAttention): CPM-Ant's forward is bidirectional "
+            f"over its input (its mask lets input position {nk - nq + q - prompt} see the "
+            f"later position {k - prompt}: transformers gives every input token context 1, so the "
+            f"input and the {prompt} learned prompt tokens before it attend both ways, a "
+            "prefix LM whose generated tokens alone are causal); headhunt measures "
+            "decoder-only causal LMs"
+        )
+    raise HeadhuntError(
+        f"layer {self.layer_idx} (CpmAntAttention) adds a bucketed relative-position bias "
+        "(with segment types) to its scores in its own code, which no adapter of headhunt's "
+        "routes yet; and its forward puts learned prompt tokens (config.prompt_length) before "
+        "every sequence and pads by token id 0, ignoring the attention mask"
+    )
+
+
+def _cpmant(module: torch.nn.Module) -> None:
+    """CPM-Ant's ``CpmAntAttention`` (OpenBMB CPM-Live): scores ``q . k / sqrt(d)`` plus a
+    T5-style bucketed relative-position bias with segment types, computed once per forward
+    outside the module (``CpmAntSegmentPositionEmbedding``), over ``config.prompt_length``
+    learned prompt tokens put before the input. Its model builds the mask from a ``context``
+    flag per token (1: seen by every query, CPM-Live's bidirectional prefix; 0: causal), and
+    transformers sets it to 1 for every input token: the prefill is bidirectional, which the
+    first call's mask shows, and the module is refused in one line saying so. Were the mask
+    causal, the line names what else is not routed (the bias, the prompt tokens)."""
+    module.forward = MethodType(_cpmant_forward, module)
+
+
 def _xlm_kernel(module, query, key, value, attention_mask, **_kwargs):
     """XLM's score code: ``(q / sqrt(d)) . k``, keys the mask hides filled with the dtype's
     minimum, softmax in float32 (cast back), then ``p @ v``."""
@@ -613,14 +657,7 @@ _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "MultiHeadAttention": _xlm,
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
-    # CPM-Ant: T5-style bucketed relative positions with segment types, computed once per
-    # forward outside the module (CpmAntSegmentPositionEmbedding)
-    "CpmAntAttention": _relative_bias(
-        "a bucketed relative-position bias (with segment types)",
-        "and its forward puts learned prompt tokens (config.prompt_length) before every "
-        "sequence and pads by token id 0, ignoring the attention mask, so its keys are not "
-        "the input's positions",
-    ),
+    "CpmAntAttention": _cpmant,
     # XLNet (Yang et al., arXiv 1906.08237): Transformer-XL's relative position and segment
     # terms, each with learned per-head biases, in two attention streams
     "XLNetRelativeAttention": _relative_bias(

@@ -48,7 +48,7 @@ FAMILIES: dict[str, str] = {
     "cohere2": "pass",
     "cohere2_moe": "pass",
     "cohere_compass_text": "pass",
-    "cpmant": "refused: adds a bucketed relative-position bias",
+    "cpmant": "refused: is bidirectional over its input",
     "ctrl": "pass",
     "cwm": "pass",
     "data2vec-text": "pass",
@@ -634,3 +634,54 @@ def test_causal_xlm_decodes_with_headhunts_cache():
             assert torch.equal(out.logits[:, -1].argmax(-1), dec.tokens[:, t]), (m is None, t)
             seq = torch.cat([seq, dec.tokens[:, t : t + 1]], 1)
     assert all(mod.headhunt_kv is None for mod in pair.hooked.attention_modules)
+
+
+def test_cpmant_is_refused_for_what_its_mask_does(monkeypatch):
+    """CPM-Ant as transformers builds it is bidirectional over its input: changing the last
+    token moves the first position's logits (the model alone, no headhunt), and headhunt's
+    line says so. The line is read off the model's mask, not the family's name: with the mask
+    made causal (CPM-Live's ``context`` 0, planted here), the first positions do not move and
+    the line names what else is not routed (its relative-position bias, its prompt tokens)."""
+    from transformers.models.cpmant import modeling_cpmant
+
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm
+
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9]])  # nonzero: CPM-Ant pads by token id 0
+
+    def refusal_and_moved(released: bool) -> tuple[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = tiny_causal_lm("cpmant").eval()
+        with torch.no_grad():
+            logits = model(ids, use_cache=False).logits
+            # what docs/conformance.md says of it: left padding (token id 0) changes nothing;
+            # a cached step is not the full forward over the same tokens (a prefix LM's)
+            padded = model(torch.cat([torch.zeros_like(ids), ids], 1), use_cache=False).logits
+            cache = model(ids[:, :-1], use_cache=True).cache
+            step = model(ids, cache=cache, use_cache=True).logits[:, -1]
+        torch.testing.assert_close(padded[:, ids.shape[1] :], logits, atol=1e-4, rtol=1e-4)
+        if released:  # the cached keys never saw the new token
+            assert float((step - logits[:, -1]).abs().max()) > 0.1
+        else:
+            torch.testing.assert_close(step, logits[:, -1], atol=1e-4, rtol=1e-4)
+        moved = (logits[0] - logits[1]).abs().amax(-1)
+        with pytest.raises(HeadhuntError) as err:
+            HookedModel(model=model, tokenizer=None, name="cpmant")
+        assert "\n" not in str(err.value)
+        return str(err.value), moved
+
+    line, moved = refusal_and_moved(released=True)
+    assert float(moved[0]) > 1e-3 * float(moved[-1]) > 0  # position 0 sees token 3
+    assert "is bidirectional over its input" in line
+    assert "input position 0 see the later position 1" in line
+
+    made_for = modeling_cpmant.CpmAntModel._prepare_attention_mask
+
+    def causal_context(self, input_ids, span, context, length):
+        return made_for(self, input_ids, span, torch.zeros_like(context), length)
+
+    monkeypatch.setattr(modeling_cpmant.CpmAntModel, "_prepare_attention_mask", causal_context)
+    line, moved = refusal_and_moved(released=False)
+    assert float(moved[:-1].max()) == 0 < float(moved[-1])
+    assert "bidirectional" not in line
+    assert "relative-position bias" in line and "prompt tokens" in line
