@@ -253,9 +253,19 @@ def test_family_prefill_stats(family):
     checks.check_prefill_stats(build_pair(family))
 
 
+def _imports(package: str) -> bool:
+    try:
+        __import__(package)
+    except Exception:  # timm raises RuntimeError where its torchvision does not fit torch
+        return False
+    return True
+
+
 @pytest.mark.parametrize("family", REFUSED)
 def test_family_is_refused_in_one_line(family):
     reason = FAMILIES[family].removeprefix("refused: ")
+    if family == "gemma3n" and _imports("timm"):  # refused only where timm does not import
+        pytest.skip("timm imports here: test_gemma3n_multimodal runs the checks on gemma3n")
     with pytest.raises(HeadhuntError) as err:
         pair = build_pair(family)
         checks.check_dense_rows(pair)  # some refusals come at the first padded capture
