@@ -826,9 +826,12 @@ def _record_query_start(module: torch.nn.Module, args: tuple, kwargs: dict) -> N
         from transformers.cache_utils import CacheLayerMixin
 
         layers = getattr(cache, "layers", None) or []
-        if module.layer_idx < len(layers) and not isinstance(
-            layers[module.layer_idx], CacheLayerMixin
-        ):
+        idx = module.layer_idx
+        reuses = idx < len(layers) and not isinstance(layers[idx], CacheLayerMixin)
+        # transformers before 5.24 gives a layer that reuses another layer's keys (Gemma 3n's
+        # `is_kv_shared_layer`) no cache slot at all: the cache ends before it
+        reuses = reuses or (idx >= len(layers) > 0 and getattr(module, "is_kv_shared_layer", False))
+        if reuses:
             # a layer that reads another layer's cache (KV sharing) keeps none; every layer of
             # one forward starts at the same position, which the layers before it recorded
             seen = getattr(cache, "headhunt_query_start", 0)
