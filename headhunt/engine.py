@@ -299,6 +299,8 @@ def execute(
             model = method.load(spec)
         if getattr(model, "attention_free", False) and not method.runs_attention_free:
             model._refuse_attention_free()  # a method that only scores heads: refuse now
+        if getattr(model, "codebooks", 1) > 1:  # MusicGen Melody: a token is a codebook tuple
+            model.refuse_codebook_rows(method.name)
         check_same_model(run_dir, model, write=dist.is_main)
         ctx = RunContext(
             run_dir, dist, progress=progress, method=method.name, device=model.device.type

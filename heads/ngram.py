@@ -287,19 +287,36 @@ def _record(
 
 
 def check_sequences(model: HookedModel, seqs: Iterable[Tensor]) -> list[Tensor]:
-    """1-D long tensors that fit the model's context (else a one-line HeadhuntError)."""
+    """1-D long tensors that fit the model's context (else a one-line HeadhuntError); for a
+    model that reads several token rows per sequence (MusicGen Melody's codebooks), [codebooks,
+    n] tensors, the model's own rows of one sequence."""
     out = []
+    rows = getattr(model, "codebooks", 1)
     for s in seqs:
-        s = torch.as_tensor(s, dtype=torch.long).reshape(-1)
-        if len(s) < 2:
-            raise HeadhuntError("every probe sequence needs at least 2 tokens")
-        if len(s) > model.max_context:
+        s = torch.as_tensor(s, dtype=torch.long)
+        if rows > 1 and (s.dim() != 2 or s.shape[0] != rows):
             raise HeadhuntError(
-                f"a probe sequence has {len(s)} tokens, longer than the model's context "
+                f"{type(model.model).__name__} reads {rows} codebook rows per sequence: each "
+                f"probe sequence must be [{rows}, n] (one row per codebook), not "
+                f"{list(s.shape)}"
+            )
+        s = s if rows > 1 else s.reshape(-1)
+        if s.shape[-1] < 2:
+            raise HeadhuntError("every probe sequence needs at least 2 tokens")
+        if s.shape[-1] > model.max_context:
+            raise HeadhuntError(
+                f"a probe sequence has {s.shape[-1]} tokens, longer than the model's context "
                 f"({model.max_context})"
             )
         out.append(s)
     return out
+
+
+def tuple_ids(seq: Int[Tensor, "codebooks n"]) -> Int[Tensor, " n"]:
+    """One id per position of a sequence of several codebook rows, equal where the tuples of
+    codes are equal: a token of a codebook model is the tuple of its position's codes (the
+    same code in one codebook with another in the next is another token)."""
+    return torch.unique(seq.T, dim=0, return_inverse=True)[1]
 
 
 @torch.inference_mode()
@@ -310,7 +327,7 @@ def plan_batches(seqs: Sequence[Tensor], batch_size: int) -> list[list[int]]:
     out, i = [], 0
     while i < len(seqs):
         j = i + 1
-        while j < len(seqs) and j - i < batch_size and len(seqs[j]) == len(seqs[i]):
+        while j < len(seqs) and j - i < batch_size and seqs[j].shape[-1] == seqs[i].shape[-1]:
             j += 1
         out.append(list(range(i, j)))
         i = j
@@ -342,14 +359,14 @@ def score_sequences(
     bar = tqdm(total=len(seqs), desc=desc, disable=not progress, unit="seq")
     with model.hooks(hook):
         for idx in plan_batches(seqs, batch_size):
-            batch = torch.stack([seqs[i] for i in idx])
-            hook.set_pairs([match_pairs(s, cfg.k_max) for s in batch])
+            batch = torch.stack([seqs[i] for i in idx])  # [b, n] (or [b, codebooks, n])
+            tokens = batch if batch.dim() == 2 else torch.stack([tuple_ids(s) for s in batch])
+            hook.set_pairs([match_pairs(s, cfg.k_max) for s in tokens])
             # Only attention is scored: skip the [n, vocab] logits (1.6 GB at 8k tokens).
-            model.forward(batch, use_cache=False, logits_to_keep=1)
+            n = batch.shape[-1]
+            model.forward(batch.reshape(-1, n), use_cache=False, logits_to_keep=1)
             for b, i in enumerate(idx):
-                rec = _record(
-                    len(batch[b]), hook.results[b], model.n_layers, model.attention_layers
-                )
+                rec = _record(n, hook.results[b], model.n_layers, model.attention_layers)
                 out.append(rec)
                 if on_record is not None:
                     on_record(i, rec)

@@ -311,7 +311,9 @@ class Decoded:
     """Output of :func:`greedy_decode`.
 
     Attributes:
-        tokens: [batch, steps] generated ids (a row's tokens after its stop token are junk).
+        tokens: [batch, steps] generated ids (a row's tokens after its stop token are junk); a
+            codebook model's (MusicGen Melody) [batch x codebooks, steps], each codebook row's
+            argmax (together the tuple that maximises the product of its heads' probabilities).
         lengths: [batch] number of valid generated tokens per row, stop token included.
         argmax: [steps, layers, batch, heads] argmax key position of each decode step's query
             (step t's query is the token fed at step t; its output is ``tokens[:, t]``), or None;
@@ -346,13 +348,19 @@ def greedy_decode(
     ``hooks`` (e.g. head masks) stay installed for prefill and decoding alike.
     ``attention_mask`` ([batch, n], 0 = pad) decodes left-padded prompts: pads are never
     attended to and positions count real tokens only, as ``generate`` does. Argmax positions
-    index the padded rows. ``skip_stopped_rows`` captures no argmax for a row once it has
+    index the padded rows. A codebook model takes its own layout: ``prompts`` [batch x
+    codebooks, n] with ``attention_mask`` [batch, n]. ``skip_stopped_rows`` captures no argmax for a row once it has
     produced a stop token (-1 at its later steps, whose tokens are junk): the argmax kernel
     then reads no keys for rows that are done, while the batch decodes on for the others.
     ``cache``: the KV cache to fill (None: transformers' own), e.g. the streaming-heads cache
     of KV-cache head pruning (with its hook in ``hooks``).
     """
     dev = model.device
+    if skip_stopped_rows and getattr(model, "codebooks", 1) > 1:
+        raise HeadhuntError(
+            f"{type(model.model).__name__} decodes {model.codebooks} token rows per sequence: "
+            "a stopped row is one codebook's, not a sequence's (skip_stopped_rows)"
+        )
     prompts = prompts.to(dev)
     mask = None if attention_mask is None else attention_mask.to(dev).long()
     cap = DecodeArgmax(model.n_layers) if capture_argmax else None
@@ -417,8 +425,8 @@ def _greedy_decode(
         extra = (cap,) if cap is not None else ()
         with model.hooks(*extra):
             for t in range(max_new_tokens):
-                if mask is not None and t > 0:
-                    mask = torch.cat([mask, mask.new_ones(b, 1)], 1)
+                if mask is not None and t > 0:  # (a codebook model: b x codebooks token rows)
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
                 m, pos = _mask_and_positions(mask, n + t)
                 pos = None if pos is None else pos[:, -1:]
                 if cap is not None and skip_stopped_rows:

@@ -81,6 +81,10 @@ class HookedModel:
         # Each unrolled layer's module (its name in the model) where modules run at several
         # depths of one forward (HRM-Text, Dory, Inkling 2 Loop); None for other models.
         self.loop_modules: list[str] | None = None
+        # Token rows per sequence: MusicGen Melody's decoder reads one row per audio codebook
+        # (``input_ids`` [batch x codebooks, n], the rows of a sequence consecutive, one
+        # embedding per codebook summed at each position); 1 for every other model.
+        self.codebooks: int = _codebook_rows(self.model)
         if "shared_kv_states" in inspect.signature(self.model.forward).parameters:
             # Gemma 4's assistants: every layer's queries (the drafter's own positions) attend
             # to the keys and values of another model (the last layers of the model it drafts
@@ -192,7 +196,6 @@ class HookedModel:
                 f"{self.n_layers} layers (cross-attention or several attentions per layer?); "
                 "headhunt captures one self-attention per layer"
             )
-        _refuse_codebook_rows(self.model)
         by_layer = {i: ms[0] for i, ms in per_layer.items()}
         wanted = [i for i in range(self.n_layers) if not passes_through(kinds[i])]
         if not wanted:
@@ -351,7 +354,8 @@ class HookedModel:
                     projected[key] = args[0]
 
                 handles.append(proj.register_forward_pre_hook(read))
-        ids = torch.tensor(_CHECK_PROMPTS, device=self.device)
+        # (a codebook model: each prompt's codes in all its codebook rows)
+        ids = torch.tensor(_CHECK_PROMPTS, device=self.device).repeat_interleave(self.codebooks, 0)
         with self.hooks(Count()):
             try:
                 result = self.forward(ids, use_cache=False)
@@ -423,7 +427,9 @@ class HookedModel:
                 # reads, so hooks see and change the output there (see attention.defer_after).
                 attention.defer_after(modules[key])
         logits = getattr(result, "logits", None)
-        return logits if isinstance(logits, Tensor) and logits.dim() == 3 else None
+        if not isinstance(logits, Tensor) or logits.dim() != 3:
+            return None
+        return logits[:: self.codebooks]  # one row per prompt (a codebook model's first)
 
     def _check_causal(self, logits: Tensor | None) -> None:
         """Refuse, in one line, a model whose earlier positions see later tokens (an encoder
@@ -638,10 +644,32 @@ class HookedModel:
                 if getattr(self, "score_bias_layers", None)
                 else {}
             ),
+            **(
+                {
+                    "codebooks": self.codebooks,
+                    "token_rows": "input_ids [batch x codebooks, n], one row per codebook; a "
+                    "token is the tuple of a position's codes",
+                }
+                if self.codebooks > 1
+                else {}
+            ),
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             **({"devices": self.devices} if len(self.devices) > 1 else {}),
         }
+
+    def refuse_codebook_rows(self, what: str) -> None:
+        """Refuse, in one line, ``what`` (a method's run) on a model that reads several token
+        rows per sequence: its inputs are one token row per sequence. The captures, masking,
+        decoding and :func:`headhunt.heads.ngram.score_sequences` take the model's own layout."""
+        if self.codebooks > 1:
+            raise HeadhuntError(
+                f"{type(self.model).__name__} reads {self.codebooks} token rows per sequence "
+                "(one embedding per audio codebook, summed at each position): the "
+                f"{what} run's inputs are one token row per sequence; capture it from Python "
+                "with input_ids [batch x codebooks, n] (score_sequences takes [codebooks, n] "
+                "sequences, a token being the tuple of a position's codes)"
+            )
 
     @contextlib.contextmanager
     def hooks(self, *hooks: AttentionHook, layers: list[int] | None = None) -> Iterator[None]:
@@ -846,21 +874,17 @@ def _application_order(model: torch.nn.Module, found: list, base: str) -> list:
 _CROSS_ATTENTION_NAMES = ("encoder_attn", "cross_attn", "crossattention", "cross_attention")
 
 
-def _refuse_codebook_rows(model) -> None:
-    """Refuse, in one line, a model that reads several token rows per sequence (MusicGen
-    Melody's decoder: one embedding per audio codebook, summed at each position, its
-    ``input_ids`` [batch x codebooks, n]): headhunt's inputs, captures and decoding have one
-    token row per sequence, the attention's batch."""
+def _codebook_rows(model) -> int:
+    """Token rows per sequence: the number of input embeddings a model sums at each position
+    (MusicGen Melody's decoder: one per audio codebook, ``input_ids`` [batch x codebooks, n]);
+    1 for a model with one embedding."""
     try:
         embeddings = model.get_input_embeddings()
     except (NotImplementedError, AttributeError):
-        return
+        return 1
     if isinstance(embeddings, torch.nn.ModuleList) and len(embeddings) > 1:
-        raise HeadhuntError(
-            f"{type(model).__name__} reads {len(embeddings)} token rows per sequence (one "
-            "embedding per audio codebook, summed at each position); headhunt's inputs are one "
-            "token row per sequence"
-        )
+        return len(embeddings)
+    return 1
 
 
 def _cross_attention_name(model: torch.nn.Module) -> str | None:
