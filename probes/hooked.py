@@ -75,6 +75,9 @@ class HookedModel:
     # Where the weights came from: the model's own name, format, files and content hash (set
     # by load_model; None for a model built in memory).
     source: dict[str, Any] | None = field(repr=False, default=None)
+    # The slot where the load check's verdict on this very model is kept (a GGUF's metadata
+    # entry: probes/gguf_check.py); None runs the check's forward at every load.
+    load_check: Any = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
         cfg = _text_config(self.model.config)
@@ -245,7 +248,7 @@ class HookedModel:
         self.attention_layers: list[int] = sorted(by_layer)
         self._install()
         self.model.eval()
-        self._check_causal(self._check_calls())
+        self._check_or_recall()
 
     def _install(self) -> None:
         """Make every attention layer's module call headhunt's hooks."""
@@ -315,6 +318,48 @@ class HookedModel:
             f"{type(self.model).__name__} has no attention layers: head scores need attention "
             "(its behaviour, e.g. MQAR or needle accuracy, is measured without head hooks)"
         )
+
+    def _check_or_recall(self) -> None:
+        """Run the load check (:meth:`_check_calls`, :meth:`_check_causal`), or apply the
+        outcome kept for this very model, code, dtype and device (``load_check``:
+        probes/gguf_check.py says what the key holds), and keep a passed check's outcome."""
+        kept = self.load_check
+        outcome = kept.recall() if kept is not None else None
+        if outcome is not None and self._apply_check_outcome(outcome):
+            return
+        self._check_causal(self._check_calls())
+        if kept is not None and self.loop_modules is None and not self.routed_modules:
+            kept.keep(self._check_outcome())
+
+    def _check_outcome(self) -> dict[str, Any]:
+        """What a passed check set on this model: everything :meth:`_apply_check_outcome`
+        needs to set it again without the forward."""
+        return {
+            "attention_layers": list(self.attention_layers),
+            "score_bias_layers": list(getattr(self, "score_bias_layers", [])),
+            "kv_head_counts": list(self.kv_head_counts),
+            "deferred": [
+                i
+                for i in self.attention_layers
+                if getattr(self.modules[i], "headhunt_gated", False)
+            ],
+        }
+
+    def _apply_check_outcome(self, outcome: dict[str, Any]) -> bool:
+        """Set a kept outcome of the check; False (the check runs) where this model was not
+        wrapped the way the kept one was."""
+        if (
+            self.loop_modules is not None
+            or self.routed_modules
+            or outcome.get("attention_layers") != list(self.attention_layers)
+            or len(outcome.get("kv_head_counts", ())) != len(self.kv_head_counts)
+        ):
+            return False
+        self.score_bias_layers = list(outcome["score_bias_layers"])
+        self.kv_head_counts = list(outcome["kv_head_counts"])
+        for i in outcome["deferred"]:
+            attention.defer_after(self.modules[i])
+        return True
 
     def _check_calls(self) -> Tensor | None:
         """One forward of two three-token prompts (a batch: one pass over the weights, which on
@@ -1055,12 +1100,14 @@ def load_model(
         cache=cache,
     )
     model = cast_parameters(model.to(device=dev), dt)
-    return _hooked(model, tok, spec)
+    from headhunt.probes.gguf_check import kept_check
+
+    return _hooked(model, tok, spec, load_check=kept_check(model, dt, dev))
 
 
-def _hooked(model: Any, tok: Any, spec: str) -> HookedModel:
+def _hooked(model: Any, tok: Any, spec: str, load_check: Any = None) -> HookedModel:
     source = getattr(model, "headhunt_source", None)
-    return HookedModel(model=model, tokenizer=tok, name=spec, source=source)
+    return HookedModel(model=model, tokenizer=tok, name=spec, source=source, load_check=load_check)
 
 
 def _twin(model: torch.nn.Module) -> torch.nn.Module:

@@ -171,7 +171,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 # Room left free on the cache's disk beyond a file joined into it (a filled disk breaks the rest).
 _DISK_MARGIN = 512 << 20
 # Bumped when what a cache entry holds changes: an older entry is rebuilt, never misread.
-_ENTRY_FORMAT = 1
+_ENTRY_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,10 @@ def _load_gguf(
     else:
         config, tok, recipe = entry
         check_gguf_tokenizer(tok, path.name, cached=True)
-    return _model_from_gguf(path, config, recipe, dtype), tok
+    model = _model_from_gguf(path, config, recipe, dtype)
+    if cache:  # where the load check's verdict is kept (probes/gguf_check.py)
+        model.headhunt_check_entry = folder
+    return model, tok
 
 
 def _transformers_own_pipeline(architecture: str) -> bool:
@@ -410,11 +413,82 @@ def _read_entry(folder: Path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
-            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            tok = _read_tokenizer(folder, AutoTokenizer)
         return config, tok, Recipe.read(folder / "recipe.json")
     except Exception as e:  # a damaged entry costs one slow load, never a wrong model
         notice(f"the cache entry {folder} is unreadable ({type(e).__name__}); rebuilding it")
         return None
+
+
+# The entry's tokenizer backend (the ``tokenizers`` serialisation of the first load's
+# tokenizer), under a name transformers' own loader does not pick up (see _keep_backend).
+_BACKEND = "backend.json"
+
+
+def _keep_backend(folder: Path, tok) -> None:
+    """Keep the tokenizer's backend under :data:`_BACKEND` instead of ``tokenizer.json``.
+
+    Read back by ``AutoTokenizer`` from ``tokenizer.json``, a tokenizer class with its own
+    ``__init__`` (Qwen2's, Gemma's, Llama's) is rebuilt from the vocabulary and merges alone,
+    with that class's normalizer and pre-tokenizer, not the ones transformers built from the
+    GGUF: another tokenizer (a Qwen2 GGUF's split its text differently on the second load),
+    and the 11 MB file parsed three times in Python. :func:`_read_tokenizer` hands the kept
+    backend to the class itself: the first load's tokenizer, parsed once."""
+    saved = folder / "tokenizer.json"
+    if getattr(tok, "backend_tokenizer", None) is not None and saved.is_file():
+        os.replace(saved, folder / _BACKEND)
+
+
+def _read_tokenizer(folder: Path, auto):
+    """The entry's tokenizer: its class (from ``tokenizer_config.json``) loaded by
+    transformers from the folder with the kept backend as its ``tokenizer_object`` (one
+    parse, in Rust); an entry without a kept backend is read by ``auto`` (AutoTokenizer)."""
+    backend = folder / _BACKEND
+    if not backend.is_file() or (folder / "tokenizer.json").is_file():
+        # an entry of the old kind, or one whose tokenizer.json was put there by hand
+        # (benchmarks/taskheads_gguf_fix.py replaces a broken one)
+        return auto.from_pretrained(folder, local_files_only=True)
+    from tokenizers import Tokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    name = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    cls = tokenizer_class_from_name(name) if isinstance(name, str) else None
+    # AutoTokenizer would also load the config, handing it a copy of the backend
+    loader = cls if cls is not None else auto
+    parsed = Tokenizer.from_file(str(backend))
+    with _handed_over(parsed):
+        return loader.from_pretrained(folder, tokenizer_object=parsed, local_files_only=True)
+
+
+# One patch of transformers' module globals at a time (see _PARSE_LOCK).
+_HAND_OVER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _handed_over(backend):
+    """transformers deep-copies a ``tokenizer_object`` it is given (a serialisation and a
+    parse of the whole vocabulary: 0.7 s of CPU for a 151k-token one); ``backend`` was parsed
+    for this tokenizer alone and nothing else holds it, so while this is open it is handed over
+    as it is (every other object is still copied)."""
+    import copy
+    import types
+
+    from transformers import tokenization_utils_tokenizers as module
+
+    real = getattr(module, "copy", None)
+    if real is not copy:  # another transformers: its own copy, untouched
+        yield
+        return
+
+    def deepcopy(obj, *args, **kwargs):
+        return obj if obj is backend else copy.deepcopy(obj, *args, **kwargs)
+
+    with _HAND_OVER_LOCK:
+        module.copy = types.SimpleNamespace(**{**vars(copy), "deepcopy": deepcopy})
+        try:
+            yield
+        finally:
+            module.copy = copy
 
 
 def _save_entry(folder: Path, config, tok, recipe, source: Path) -> None:
@@ -428,6 +502,7 @@ def _save_entry(folder: Path, config, tok, recipe, source: Path) -> None:
         tmp.mkdir(parents=True)
         config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        _keep_backend(tmp, tok)
         recipe.save(tmp / "recipe.json")
         made = {"format": _ENTRY_FORMAT, "transformers": transformers.__version__}
         (tmp / ".complete").write_text(json.dumps(made | {"source": str(source)}))

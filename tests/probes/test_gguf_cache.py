@@ -67,7 +67,7 @@ def test_no_weights_are_written_and_the_second_load_reads_the_metadata(
     assert written == [], f"weights written: {written}"
     weight_bytes = sum(p.numel() * 4 for p in model.parameters())
     entry_bytes = sum(p.stat().st_size for p in files if folder in p.parents)
-    assert {"config.json", "recipe.json", "tokenizer.json", ".complete"} <= {
+    assert {"config.json", "recipe.json", "backend.json", ".complete"} <= {
         p.name for p in files if folder in p.parents
     }
     assert entry_bytes < weight_bytes / 20  # a few KB of metadata for a 4 MB model
