@@ -24,10 +24,11 @@ Every (model, width, learning rate) trains in its own process, all at once on th
 set) is reported, as Zoology reports the best of its sweep.
 
 Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--deadline D]
-[--smoke] [--only attention,hybrid] (S: training seconds per model; D: the whole script's limit,
-after which running workers are killed; --only: a comma-separated subset of the models, to split
-the sweep over calls). OUT is rewritten whenever a run finishes (the report:
-benchmarks/zoology_report.py).
+[--smoke] [--only attention,hybrid] [--widths 64,128] (S: training seconds per model; D: the
+whole script's limit, after which running workers are killed; --only / --widths: a
+comma-separated subset of the models / widths, to split the sweep over calls). OUT is rewritten
+whenever a run finishes or a worker validates (every 250 steps: a run killed at the deadline
+keeps its curve; the report: benchmarks/zoology_report.py).
 """
 
 from __future__ import annotations
@@ -61,13 +62,13 @@ WIDTHS = (64, 128)
 LRS = (1e-3, 3.2e-3)  # the two lowest of logspace(-3, -1.5, 4)
 
 
-def jobs(smoke: bool) -> list[dict]:
+def jobs(smoke: bool, widths: tuple[int, ...] = WIDTHS) -> list[dict]:
     if smoke:
-        smoke_job = {"width": 64, "lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
-        return [{"arch": a, **smoke_job} for a in ARCHS]
+        smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
+        return [{"arch": a, "width": w, **smoke_job} for a in ARCHS for w in widths[:1]]
     out = []
     for arch in ARCHS:
-        for width in WIDTHS:
+        for width in widths:
             # The short convolutions cannot see past 5 tokens: one rate is enough to show it.
             # Mamba2 (transformers' PyTorch scan) keeps the GPU busy while the others are
             # launch-bound: one rate each, so it does not starve the other processes.
@@ -108,7 +109,9 @@ def make_data(path: Path, smoke: bool) -> float:
     return time.perf_counter() - t0
 
 
-def train(job: dict, data: dict, seconds: float, dev) -> tuple:
+def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tuple:
+    """Train one model for ``seconds``; ``on_validation(log)`` is called after each validation
+    (the worker writes the curve so far, so a run killed at the deadline keeps it)."""
     import torch
 
     from headhunt.heads.mqar_train import MQARTrainConfig, build_model, query_accuracy, query_loss
@@ -157,6 +160,8 @@ def train(job: dict, data: dict, seconds: float, dev) -> tuple:
             log["seconds"].append(round(time.perf_counter() - t0, 1))
             log["loss"].append(round(loss.item(), 4))
             log["val_curve"].append([round(v, 4) for v in val.values()])
+            if on_validation is not None:
+                on_validation(log)
             if min(val.values()) >= SOLVED:
                 break
     model.eval()
@@ -225,12 +230,16 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
     data = torch.load(data_path, weights_only=False)
     run = dict(job)
     try:
-        model, cfg, log = train(job, data, seconds, dev)
+
+        def partial(log: dict) -> None:
+            write_json(out_path, {**run, **log, "training": True})
+
+        model, cfg, log = train(job, data, seconds, dev, on_validation=partial)
         run.update(log)
         run["params"] = sum(p.numel() for p in model.parameters())
         run["val"] = {str(n): query_accuracy(model, data["val"][n]) for n in TEST_PAIRS}
         run["accuracy"] = {str(n): query_accuracy(model, data["test"][n]) for n in TEST_PAIRS}
-        Path(out_path).write_text(json.dumps(run))  # keep the accuracy if an analysis fails
+        write_json(out_path, run)  # keep the accuracy if an analysis fails
         if job["arch"] in ("hybrid", "attention"):
             run["heads"] = {}
             for pairs in (16, 64):
@@ -238,11 +247,18 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
                     run["heads"][str(pairs)] = analyse(model, cfg, data, pairs, job["probe"])
                 except Exception as e:  # keep the sweep's numbers if an analysis fails
                     run["heads_error"] = f"{type(e).__name__}: {e}"[:400]
-                Path(out_path).write_text(json.dumps(run))
+                write_json(out_path, run)
     except Exception as e:
         run["error"] = f"{type(e).__name__}: {e}"[:400]
-    Path(out_path).write_text(json.dumps(run))
+    write_json(out_path, run)
     print(summary(run))
+
+
+def write_json(path: str | Path, obj: dict, indent: int | None = None) -> None:
+    """Write whole or not at all (the main process reads these files while workers run)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(obj, indent=indent))
+    os.replace(tmp, path)
 
 
 def summary(run: dict) -> str:
@@ -300,7 +316,10 @@ def main() -> None:
         "runs": [],
     }
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
-    todo = [j for j in jobs(smoke) if only is None or j["arch"] in only]
+    widths = WIDTHS
+    if "--widths" in sys.argv:
+        widths = tuple(int(w) for w in sys.argv[sys.argv.index("--widths") + 1].split(","))
+    todo = [j for j in jobs(smoke, widths) if only is None or j["arch"] in only]
     procs = []
     for i, job in enumerate(todo):
         out = work / f"run{i}.json"
@@ -311,7 +330,7 @@ def main() -> None:
         procs.append((job, out, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
     # Rewrite OUT whenever a run finishes, so a call killed at its limit keeps what finished.
     write_result(out_path, result, procs, t0)
-    finished = 0
+    finished, written = 0, time.perf_counter()
     while any(proc.poll() is None for _, _, proc, _ in procs):
         if time.perf_counter() - t0 > deadline:
             for _, _, proc, _ in procs:
@@ -321,8 +340,9 @@ def main() -> None:
             break
         time.sleep(2)
         now = sum(proc.poll() is not None for _, _, proc, _ in procs)
-        if now != finished:
-            finished = now
+        # Also every 30 s: the curves so far survive a call killed before the deadline.
+        if now != finished or time.perf_counter() - written > 30:
+            finished, written = now, time.perf_counter()
             write_result(out_path, result, procs, t0)
     for _, _, _, log in procs:
         log.close()
@@ -340,6 +360,9 @@ def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
         return run
     if not out.exists():
         run["error"] = "no result (killed at the deadline)" if proc.returncode < 0 else "no result"
+    elif run.get("training"):
+        why = "killed at the deadline" if proc.returncode < 0 else f"exit {proc.returncode}"
+        run["error"] = f"{why} while training (the curve so far is kept)"
     elif proc.returncode < 0 and job["arch"] in ("hybrid", "attention") and "heads" not in run:
         run["heads_error"] = "killed at the deadline before the analyses finished"
     elif proc.returncode not in (0, None) and "error" not in run:
@@ -354,7 +377,7 @@ def write_result(out_path: Path, result: dict, procs: list, t0: float) -> dict:
     done = [r for r in runs if not r.get("running")]
     best = [{"arch": r["arch"], "width": r["width"], "lr": r["lr"]} for r in best_runs(done)]
     result = {**result, "runs": runs, "best": best, "total_s": round(time.perf_counter() - t0, 1)}
-    out_path.write_text(json.dumps(result, indent=1))
+    write_json(out_path, result, indent=1)
     return result
 
 

@@ -1,7 +1,9 @@
 """The Zoology table and figure (docs/zoology.md, docs/zoology.html) from the raw results of
 benchmarks/zoology.py (benchmarks/results/zoology_*.json).
 
-Run: python benchmarks/zoology_report.py benchmarks/results/zoology_h100.json
+Run: python benchmarks/zoology_report.py RESULTS.json [MORE.json ...]: with several files, a
+later file's run of a (model, width) replaces an earlier one's (a longer or wider call on top of
+the sweep); every table names the file and card each run came from.
 """
 
 from __future__ import annotations
@@ -31,25 +33,41 @@ def best(res: dict) -> list[dict]:
     return runs or [r for r in res["runs"] if "accuracy" in r]
 
 
-def accuracy_table(res: dict, runs: list[dict]) -> str:
+def merged(results: list[tuple[str, dict]]) -> list[dict]:
+    """The reported runs of every file, each tagged with its file, card and test-set size; a later
+    file's (model, width) replaces an earlier one's."""
+    by: dict[tuple, dict] = {}
+    for name, res in results:
+        for r in best(res):
+            n = res.get("test_examples", 256)
+            solved_at = res.get("solved_at", 1.0)
+            tags = {"source": name, "device": res["device"], "n_test": n, "solved_at": solved_at}
+            by[(r["arch"], r["width"])] = {**r, **tags}
+    return list(by.values())
+
+
+def accuracy_table(runs: list[dict]) -> str:
     pairs = sorted({int(k) for r in runs for k in r["accuracy"]})
-    n = res.get("test_examples", 256)
     head = "| model | width | params | lr | steps | seconds | solved | "
-    head += " | ".join(f"{p} pairs" for p in pairs) + " |"
-    lines = [head, "|" + "---|" * (7 + len(pairs))]
+    head += " | ".join(f"{p} pairs" for p in pairs) + " | results (card) |"
+    lines = [head, "|" + "---|" * (8 + len(pairs))]
     for arch in ARCH_ORDER:
         for r in sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"]):
             cells = []
             for p in pairs:
                 a = r["accuracy"][str(p)]
-                cells.append(f"{a:.3f} ± {stderr(a, n * p):.3f}")
-            solved = min(r["val"].values()) >= res.get("solved_at", 1.0) if "val" in r else False
+                cells.append(f"{a:.3f} ± {stderr(a, r['n_test'] * p):.3f}")
+            solved = min(r["val"].values()) >= r["solved_at"] if "val" in r else False
             lines.append(
                 f"| {arch} | {r['width']} | {r['params'] / 1e6:.2f}M | {r.get('lr', '')} | "
                 f"{r['steps']} | {r.get('train_s', r.get('seconds', ''))} | "
-                f"{'yes' if solved else 'no'} | " + " | ".join(cells) + " |"
+                f"{'yes' if solved else 'no'} | " + " | ".join(cells) + f" | {card(r)} |"
             )
     return "\n".join(lines)
+
+
+def card(r: dict) -> str:
+    return f"{r['source']} ({r['device'].removeprefix('NVIDIA ')})"
 
 
 def gap_closed(runs: list[dict], pairs: int) -> list[str]:
@@ -96,10 +114,31 @@ def masking_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def sweep_table(res: dict) -> str:
-    """Every run of the sweep (each learning rate), with its validation accuracy."""
-    lines = ["| model | width | lr | steps | validation (4 / 16 / 64 pairs) | error |"]
-    lines.append("|---|---|---|---|---|---|")
+def sweep_table(results: list[tuple[str, dict]]) -> str:
+    """Every run of every file (each learning rate), with its validation accuracy."""
+    lines = ["| results | model | width | lr | steps | validation (4 / 16 / 64 pairs) | error |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for name, res in results:
+        lines += [f"| {name} " + line for line in sweep_rows(res)]
+    return "\n".join(lines)
+
+
+def curve_table(runs: list[dict], arch: str) -> str:
+    """The validation curve of ``arch``'s reported runs: step, seconds, training loss, validation
+    accuracy at each test pair count."""
+    lines = ["| width | step | seconds | training loss | validation (4 / 16 / 64 pairs) |"]
+    lines.append("|---|---|---|---|---|")
+    for r in sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"]):
+        for step, sec, loss, val in zip(
+            r["step"], r["seconds"], r["loss"], r["val_curve"], strict=True
+        ):
+            accs = " / ".join(f"{v:.3f}" for v in val)
+            lines.append(f"| {r['width']} | {step} | {sec} | {loss:.3f} | {accs} |")
+    return "\n".join(lines)
+
+
+def sweep_rows(res: dict) -> list[str]:
+    lines = []
     for r in res["runs"]:
         val = " / ".join(f"{v:.3f}" for v in r.get("val", {}).values()) if "val" in r else ""
         err = r.get("error", r.get("heads_error", ""))[:80]
@@ -107,10 +146,10 @@ def sweep_table(res: dict) -> str:
             f"| {r['arch']} | {r['width']} | {r.get('lr', '')} | {r.get('steps', '')} | {val} "
             f"| {err} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
-def figure(res: dict, runs: list[dict], path: Path) -> None:
+def figure(runs: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -138,7 +177,7 @@ def figure(res: dict, runs: list[dict], path: Path) -> None:
         fig.update_yaxes(range=[-0.02, 1.02], row=1, col=c)
     fig.update_yaxes(title_text="MQAR accuracy", row=1, col=1)
     fig.update_layout(
-        title=f"MQAR accuracy by model width, {res['device']}",
+        title=f"MQAR accuracy by model width, {' / '.join(sorted({r['device'] for r in runs}))}",
         height=420,
         width=1100,
     )
@@ -146,19 +185,20 @@ def figure(res: dict, runs: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    src = Path(sys.argv[1])
-    res = json.loads(src.read_text())
-    runs = best(res)
+    results = [(Path(a).stem, json.loads(Path(a).read_text())) for a in sys.argv[1:]]
+    runs = merged(results)
     docs = Path(__file__).parents[1] / "docs"
-    figure(res, runs, docs / "zoology.html")
-    print(accuracy_table(res, runs))
+    figure(runs, docs / "zoology.html")
+    print(accuracy_table(runs))
     print()
     for pairs in (16, 64):
         print("\n".join(gap_closed(runs, pairs)))
     print()
     print(masking_table(runs))
     print()
-    print(sweep_table(res))
+    print(sweep_table(results))
+    print()
+    print(curve_table(runs, "mamba2"))
 
 
 if __name__ == "__main__":
