@@ -38,7 +38,7 @@ UNDERSTOOD_KWARGS = frozenset(
         "s_aux",  # learned sink logits (gpt-oss and its descendants)
         "sinks",  # a sink logit per query row, [b, hq, nq, 1] (Inkling 2): checked below
         "alibi_slopes",  # ALiBi (BLOOM, MPT): per-head linear position bias, set by the module
-        "position_bias",  # a score bias the model builds (Inkling): added before the softmax
+        "position_bias",  # a score bias the model builds (Inkling; XLNet's, a function of q, k)
         "is_causal",
         "position_ids",
         "cache_position",
@@ -157,10 +157,21 @@ class AttentionCall:
         Inkling's relative-position bias, conditioned on the hidden states), ``[b or 1, hq or
         1, nq, nk]``, added to the scaled scores before the mask. The kernels take it on their
         torch path (the Triton kernels do not), query block by query block; the tensor is the
-        model's own (headhunt makes no copy of it)."""
+        model's own (headhunt makes no copy of it). A bias made from the call's own query and
+        key (``position_bias`` a function of them: XLNet's Transformer-XL relative-position and
+        segment terms, :mod:`headhunt.probes.module_attention`) is made again when a hook has
+        replaced them (a masked head's zeroed query), so it is always that of the q, k the
+        kernel gets."""
+        bias = self.kwargs.get("position_bias")
+        if callable(bias):
+            made = self.__dict__.get("_bias_from")
+            if made is None or made[0] is not self.query or made[1] is not self.key:
+                made = (self.query, self.key, bias(self.query, self.key))
+                self.__dict__["_bias_from"] = made
+                self.__dict__.pop("_bias", None)
+            bias = made[2]
         if "_bias" in self.__dict__:
             return self.__dict__["_bias"]
-        bias = self.kwargs.get("position_bias")
         if bias is not None:
             bias = bias.detach()
             if bias.dim() == 3:  # [hq, nq, nk]: shared by the batch

@@ -131,7 +131,7 @@ class HookedModel:
                 f"{type(self.model).__name__}: no single attention shape in its config "
                 f"({first[:120]}); headhunt captures models whose layers share one"
             ) from None
-        self.max_context: int = getattr(cfg, "max_position_embeddings", None) or 2048
+        self.max_context: int = _max_context(cfg)
         base = cfg._attn_implementation  # the kernel our hooks hand over to
         if getattr(self.model.config, "is_encoder_decoder", False):
             raise HeadhuntError(
@@ -305,7 +305,7 @@ class HookedModel:
             ) from None
         self.n_heads, self.head_dims, self.kv_head_counts = 0, [], []
         self.vocab_size = getattr(cfg, "vocab_size", None)
-        self.max_context = getattr(cfg, "max_position_embeddings", None) or 2048
+        self.max_context = _max_context(cfg)
         kinds = getattr(cfg, "layer_types", None)
         self.layer_kinds = list(kinds) if kinds else ["recurrent"] * self.n_layers
         self.routed_modules = []
@@ -834,6 +834,13 @@ def _pass_depth_attention(model: torch.nn.Module, base: str) -> None:
         if learned_query and not projects and "Attention" in type(m).__name__:
             m.headhunt_depth = True
             m.headhunt_base = base if base in ("sdpa", "eager", "flash_attention_2") else "sdpa"
+
+
+def _max_context(cfg) -> int:
+    """The config's longest input; 2048 where it names none (or says it has no limit: XLNet's
+    -1, relative positions)."""
+    size = getattr(cfg, "max_position_embeddings", None)
+    return size if isinstance(size, int) and size > 0 else 2048
 
 
 def passes_through(kind: str) -> bool:

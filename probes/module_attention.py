@@ -48,10 +48,12 @@ def adapt(model: torch.nn.Module) -> int:
                 continue
             module.headhunt_adapted = True
         routed += 1
-    xlm = any(getattr(m, "headhunt_step_mask_new", False) for m in model.modules())
-    if xlm and not getattr(model, "headhunt_padding_hook", False):
-        model.register_forward_pre_hook(_xlm_padding, with_kwargs=True)
-        model.headhunt_padding_hook = True
+    # a model-level pre-hook some adapters need (the padding mask the forward is given)
+    hooks = {getattr(m, "headhunt_model_hook", None) for m in model.modules()} - {None}
+    registered = getattr(model, "headhunt_model_hooks", set())
+    for hook in hooks - registered:
+        model.register_forward_pre_hook(hook, with_kwargs=True)
+    model.headhunt_model_hooks = registered | hooks
     return routed
 
 
@@ -309,6 +311,7 @@ class ModuleKVCache:
     def __init__(self) -> None:
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
+        self.real: dict[int, Tensor] = {}
 
     def update(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append this step's keys and values ([b, h, n, d]); return every one so far."""
@@ -317,6 +320,14 @@ class ModuleKVCache:
             value = torch.cat([self.values[layer], value], 2)
         self.keys[layer], self.values[layer] = key, value
         return key, value
+
+    def update_real(self, layer: int, real: Tensor) -> Tensor:
+        """Append which of this step's keys are real tokens ([b, n], False at pads); return
+        the flags of every key so far (XLNet hides pad keys from every later query)."""
+        if layer in self.real:
+            real = torch.cat([self.real[layer], real], 1)
+        self.real[layer] = real
+        return real
 
     def get_seq_length(self, layer: int = 0) -> int:
         return 0 if layer not in self.keys else self.keys[layer].shape[2]
@@ -504,21 +515,6 @@ def _lsh(module: torch.nn.Module) -> None:
     )
 
 
-def _relative_bias(what: str, besides: str) -> Callable[[torch.nn.Module], None]:
-    """A module whose scores get a relative-position bias computed in its own code, apart from
-    ``q . k``: refused in one line saying which, and what else stands in the way (the kernels
-    take a bias, :class:`headhunt.kernels.AttentionVariant` ``bias``; no adapter routes these
-    modules' terms to it)."""
-
-    def refuse(module: torch.nn.Module) -> None:
-        raise HeadhuntError(
-            f"{type(module).__name__} adds {what} to its scores in its own code, which no "
-            f"adapter of headhunt's routes yet; {besides}"
-        )
-
-    return refuse
-
-
 def _cpmant_forward(self, hidden_q, hidden_kv, attention_mask, position_bias, *args, **kwargs):
     """``CpmAntAttention.forward`` as headhunt meets it: the model's own mask ([b, nq, nk],
     True = visible, queries bottom-right aligned with the keys) says whether a query sees a
@@ -618,7 +614,7 @@ def _xlm_padding(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             lengths = (ids != model.config.pad_index).sum(1)
         padding = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]
     for m in model.modules():
-        if getattr(m, "headhunt_step_mask_new", False):
+        if getattr(m, "headhunt_model_hook", None) is _xlm_padding:
             m.headhunt_padding = None if padding is None else padding.bool()
 
 
@@ -646,9 +642,228 @@ def _xlm(module: torch.nn.Module) -> bool | None:
     module.layer_idx = module.layer_id
     module.headhunt_kv = None  # a ModuleKVCache while headhunt decodes
     module.headhunt_step_mask_new = True
+    module.headhunt_model_hook = _xlm_padding
     module.headhunt_padding = None  # the model's padding mask, set by _xlm_padding
     module.headhunt_kernel = _xlm_kernel
     module.forward = MethodType(_xlm_forward, module)
+
+
+# ---------------------------------------------------------------------------------- XLNet
+
+
+def _xlnet_terms(module, query: Tensor, key: Tensor, k_r: Tensor, seg_mat) -> Tensor:
+    """XLNet's score terms besides the content term, unscaled, [b, h, nq, nk]: the position
+    term ``(q + r_r_bias) . k_r`` at each pair's distance (the model's ``bd`` after its
+    ``rel_shift``) and, with segment ids, the segment term ``(q + r_s_bias) . seg_embed``
+    (``ef``), from ``query`` (the call's, a masked head's zeroed), the forward's position keys
+    ``k_r`` ([nk + 1, b, h, d]: distances nk .. 0) and ``seg_mat`` ([nq, nk, b, 2], one-hot of
+    "not the query's segment", or None). Pairs a query cannot see (a later key) get 0."""
+    nq, nk = query.shape[2], key.shape[2]
+    q = query.permute(2, 0, 1, 3)  # [nq, b, h, d], the model's layout
+    full = torch.einsum("ibnd,jbnd->bnij", q + module.r_r_bias, k_r)  # [b, h, nq, nk + 1]
+    # query i sits at position nk - nq + i: key j is at distance nk - nq + i - j, which the
+    # model's position keys hold in column nk - distance (its rel_shift, on visible pairs)
+    column = torch.arange(nk, device=query.device)[None, :] + (nq - torch.arange(nq))[:, None].to(
+        query.device
+    )
+    later = column > nk
+    terms = full.gather(-1, column.clamp_max(nk).expand(*full.shape[:2], nq, nk))
+    if seg_mat is not None:
+        ef = torch.einsum("ibnd,snd->ibns", q + module.r_s_bias, module.seg_embed)
+        terms = terms + torch.einsum("ijbs,ibns->bnij", seg_mat, ef)
+    return terms.masked_fill(later, 0.0)
+
+
+def _xlnet_bias(module) -> Callable[[Tensor, Tensor], Tensor]:
+    """The call's score bias as a function of its (possibly replaced) q and k: what XLNet adds
+    to ``q . k`` before scaling (``r_w_bias . k`` and :func:`_xlnet_terms`), scaled."""
+    k_r, seg_mat = module.headhunt_position_keys, module.headhunt_segments
+
+    @torch.no_grad()  # a measurement (it may be made after the forward, when a hook reads it)
+    def bias(query: Tensor, key: Tensor) -> Tensor:
+        content = torch.einsum("nd,bnjd->bnj", module.r_w_bias, key)[:, :, None]
+        return (content + _xlnet_terms(module, query, key, k_r, seg_mat)) * module.scale
+
+    return bias
+
+
+def _xlnet_kernel(module, query, key, value, attention_mask, **_kwargs):
+    """XLNet's score code (``rel_attn_core``): ``(ac + bd + ef) * scale`` with ``ac = (q +
+    r_w_bias) . k``, keys the mask hides lowered by 1e30, softmax, then ``p @ v``."""
+    ac = torch.einsum("bnid,bnjd->bnij", query + module.r_w_bias[:, None], key)
+    terms = _xlnet_terms(
+        module, query, key, module.headhunt_position_keys, module.headhunt_segments
+    )
+    scores = (ac + terms) * module.scale
+    if attention_mask is not None:
+        scores = scores - 1e30 * (~_visible(attention_mask)).to(scores.dtype)
+    weights = torch.softmax(scores, dim=3)
+    return torch.einsum("bnij,bnjd->bind", weights, value), weights
+
+
+def _xlnet_forward(self, h, g, attn_mask_h, attn_mask_g, r, seg_mat, mems=None,
+                   target_mapping=None, output_attentions=False):  # fmt: skip
+    """``XLNetRelativeAttention.forward``'s content stream around the seam (``attn_type``
+    'uni'): q, k, v from ``self.q``/``self.k``/``self.v``, the call's mask the model's own
+    (1 = hidden, ``[nq, nk, b, 1]``) with pad queries seeing no key (a pad query sees only
+    itself in the model, and no real query sees a pad key, so nothing reads those rows), the
+    position and segment terms a bias of the call (:func:`_xlnet_bias`), then the module's
+    ``post_attention``. While headhunt decodes (``headhunt_kv``), earlier steps' keys and
+    values come first, every one visible, and the position keys cover their distances."""
+    if g is not None or target_mapping is not None:
+        raise HeadhuntError(
+            f"layer {self.layer_idx} (XLNetRelativeAttention): two-stream attention (a query "
+            "stream given target_mapping) is a permutation LM's; headhunt captures the content "
+            "stream of a causal XLNet (attn_type 'uni', no target_mapping or perm_mask)"
+        )
+    if mems is not None and mems.dim() > 1:
+        raise HeadhuntError(
+            f"layer {self.layer_idx} (XLNetRelativeAttention): given mems (earlier hidden "
+            "states); headhunt decodes XLNet with a KV cache of its own, without mems"
+        )
+    n, b = h.shape[:2]
+    q, k, v = (
+        torch.einsum("ibh,hnd->ibnd", x, w).permute(1, 2, 0, 3)  # [b, heads, n, d]
+        for x, w in ((h, self.q), (h, self.k), (h, self.v))
+    )
+    visible = (attn_mask_h == 0).permute(2, 3, 0, 1)  # [1, 1, n, n]: the model's causal rule
+    fed = torch.arange(n, device=h.device)
+    if bool((visible & (fed[None, :] > fed[:, None])).any()):
+        raise HeadhuntError(
+            f"layer {self.layer_idx} (XLNetRelativeAttention): its mask lets a token see a "
+            "later one; headhunt measures decoder-only causal LMs"
+        )
+    padding = self.headhunt_padding
+    real = h.new_ones(b, n, dtype=torch.bool) if padding is None else padding[:, -n:]
+    real = real.to(h.device)
+    # pad keys hidden from every query, pad queries see none
+    visible = visible & real[:, None, :, None] & real[:, None, None, :]
+    past = self.headhunt_kv
+    if past is not None:
+        if seg_mat is not None:
+            raise HeadhuntError(
+                "XLNet given token_type_ids while headhunt decodes it (the segments of earlier "
+                "steps are not kept); decode without them"
+            )
+        k, v = past.update(self.headhunt_layer, k, v)
+        earlier = past.update_real(self.headhunt_layer, real)[:, : k.shape[2] - n]
+        earlier = earlier[:, None, None, :].expand(b, 1, n, -1) & real[:, None, :, None]
+        visible = torch.cat([earlier, visible], -1)
+        self.headhunt_query_start = k.shape[2] - n
+    nk = k.shape[2]
+    if past is not None:  # the model made position terms for the fed tokens only
+        r = _xlnet_positions(self, nk, h.device)
+    elif r.shape[0] != nk + 1:
+        raise HeadhuntError(
+            f"layer {self.layer_idx} (XLNetRelativeAttention): {r.shape[0]} relative positions "
+            f"for {nk} keys; headhunt reproduces a causal XLNet's (attn_type 'uni', no bi_data)"
+        )
+    k_r = torch.einsum("ibh,hnd->ibnd", r.type(self.r.dtype), self.r)
+    self.headhunt_position_keys = k_r.expand(-1, b, -1, -1)
+    self.headhunt_segments = seg_mat
+    try:
+        out, weights = attention.headhunt_attention(
+            self, q, k, v, visible, scaling=self.scale, position_bias=_xlnet_bias(self)
+        )
+    finally:
+        self.headhunt_position_keys = self.headhunt_segments = None
+    output_h = self.post_attention(h, out.permute(1, 0, 2, 3))  # [n, b, heads, d]
+    outputs = (output_h, None)
+    if output_attentions:
+        outputs = outputs + (weights.permute(2, 3, 0, 1),)
+    return outputs
+
+
+def _xlnet_positions(module, nk: int, device) -> Tensor:
+    """The relative position embeddings of ``nk`` keys (distances ``nk`` .. 0), as XLNet's
+    model makes them for a forward over ``nk`` tokens (its own
+    ``relative_positional_encoding``, with the model's settings)."""
+    from types import SimpleNamespace
+
+    modeling = sys.modules[type(module).__module__]
+    config = module.headhunt_model_config
+    model = SimpleNamespace(
+        d_model=config.d_model,
+        attn_type=config.attn_type,
+        bi_data=config.bi_data,
+        clamp_len=config.clamp_len,
+        positional_embedding=modeling.XLNetModel.positional_embedding,
+    )
+    return modeling.XLNetModel.relative_positional_encoding(model, nk, nk, device=device)
+
+
+def _xlnet_inputs(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of a causal XLNet: refuses, in one line, inputs that make its
+    attention something else (``perm_mask``, ``target_mapping``: the permutation LM's two
+    streams; ``mems``), and takes the padding mask (``attention_mask``, or ``input_mask``'s
+    complement; every token is real without either) for its routed modules, which hide pad
+    keys themselves: the model is handed none. transformers' XLNet fails on a padded batch of
+    more than one row (``attn_mask += data_mask`` cannot broadcast its causal mask over the
+    batch in place); for one row it hides pad keys from every query, as the modules do."""
+    import inspect
+
+    bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
+    given = {**bound.arguments, **bound.arguments.get("kwargs", {})}
+    for name in ("perm_mask", "target_mapping", "mems"):
+        if given.get(name) is not None:
+            raise HeadhuntError(
+                f"XLNet given {name}: headhunt captures a causal XLNet's content stream over "
+                "the tokens it is fed (no perm_mask, target_mapping or mems)"
+            )
+    padding = given.get("attention_mask")
+    if padding is None and given.get("input_mask") is not None:
+        padding = 1 - given["input_mask"]
+    for m in model.modules():
+        if getattr(m, "headhunt_model_hook", None) is _xlnet_inputs:
+            m.headhunt_padding = None if padding is None else padding.bool()
+    for name in ("attention_mask", "input_mask"):
+        if name in bound.arguments:
+            bound.arguments[name] = None
+    return bound.args, bound.kwargs
+
+
+def _xlnet(module: torch.nn.Module) -> bool | None:
+    """XLNet's ``XLNetRelativeAttention`` (Yang et al., arXiv 1906.08237): Transformer-XL's
+    relative attention (Dai et al., arXiv 1901.02860), scores ``((q + r_w_bias) . k + (q +
+    r_r_bias) . k_r + (q + r_s_bias) . seg) / sqrt(d)``, with ``k_r`` the projected sinusoid of
+    each pair's distance and ``seg`` the learned embedding of whether the two tokens share a
+    segment. As released (``attn_type`` 'bi') every token sees every other: a permutation LM
+    that generates through a query stream over a masked token appended to its input, refused
+    in one line. A causal XLNet (``attn_type`` 'uni') is routed: headhunt's call gets the
+    content query ``q`` and key ``k``, and the rest as a score bias made from them
+    (:func:`_xlnet_bias`: a masked head's bias is that of its zeroed query, as the model
+    computes it). Its forward returns ``mems``, earlier hidden states, not a KV cache, and
+    padding is not masked in them, so headhunt decodes it with a cache of its own
+    (:class:`ModuleKVCache`), fed the new token's padding mask column only."""
+    if not type(module).__module__.endswith(".xlnet.modeling_xlnet"):
+        return False
+    config = module.headhunt_model_config
+    if config is None:
+        return False
+    if config.attn_type != "uni":
+        raise HeadhuntError(
+            f"XLNet's attention (XLNetRelativeAttention) is bidirectional (attn_type "
+            f"{config.attn_type!r}: a permutation LM, which generates through its query stream "
+            "over a masked token appended to its input); headhunt measures decoder-only causal "
+            "LMs (a causal XLNet, attn_type 'uni', is captured)"
+        )
+    for flag, what in (
+        ("bi_data", "runs every sequence forwards and backwards (bi_data)"),
+        ("same_length", "limits each query to as many keys as the forward has tokens "
+         "(same_length)"),
+    ):  # fmt: skip
+        if getattr(config, flag, False):
+            raise HeadhuntError(
+                f"XLNet {what}, which headhunt's capture and decoding do not reproduce"
+            )
+    module.layer_idx = None  # headhunt's own, from the block that holds it
+    module.headhunt_model_hook = _xlnet_inputs
+    module.headhunt_kv = None  # a ModuleKVCache while headhunt decodes
+    module.headhunt_step_mask_new = True
+    module.headhunt_padding = None  # the model's padding mask, set by _xlnet_inputs
+    module.headhunt_position_keys = module.headhunt_segments = None
+    module.headhunt_kernel = _xlnet_kernel
+    module.forward = MethodType(_xlnet_forward, module)
 
 
 _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
@@ -658,13 +873,7 @@ _ADAPTERS: dict[str, Callable[[torch.nn.Module], None]] = {
     "BigBirdBlockSparseAttention": _block_sparse,
     "BloomAttention": _bloom,
     "CpmAntAttention": _cpmant,
-    # XLNet (Yang et al., arXiv 1906.08237): Transformer-XL's relative position and segment
-    # terms, each with learned per-head biases, in two attention streams
-    "XLNetRelativeAttention": _relative_bias(
-        "Transformer-XL relative-position and segment terms (two-stream attention)",
-        "and its attention is bidirectional unless built with attn_type 'uni' (its default, "
-        "'bi', is a permutation LM's)",
-    ),
+    "XLNetRelativeAttention": _xlnet,
     "FalconAttention": _falcon,
     "GitSelfAttention": _bert_style,
     "MegatronBertSelfAttention": _bert_style,

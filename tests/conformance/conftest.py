@@ -301,10 +301,45 @@ def build_pair(family: str, **extra) -> Pair:
     if eager.config._attn_implementation != "eager":  # a model that picks its kernel when built
         eager = _rebuilt_eager(model)
     _layer_from_forward(eager)
+    if type(model).__name__ == "XLNetLMHeadModel":
+        eager = OneRowAtATime(eager)
     hooked = HookedModel(model=model, tokenizer=None, name=family)
     if hooked.loop_modules is not None:
         _layer_from_application(eager)
     return Pair(hooked, eager)
+
+
+class OneRowAtATime(torch.nn.Module):
+    """The eager reference of a model that fails on a padded batch of several rows: each row
+    alone, with its own mask. transformers' XLNet built causal adds its padding mask to its
+    causal mask in place (``attn_mask += data_mask``), which cannot broadcast over a batch of
+    more than one row; a single padded row runs."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, input_ids, attention_mask=None, output_attentions=False, position_ids=None):
+        from types import SimpleNamespace
+
+        rows = [
+            self.model(
+                input_ids[i : i + 1],
+                attention_mask=None if attention_mask is None else attention_mask[i : i + 1],
+                output_attentions=output_attentions,
+            )
+            for i in range(input_ids.shape[0])
+        ]
+        attentions = None
+        if output_attentions:
+            attentions = tuple(
+                torch.cat(layer) for layer in zip(*(r.attentions for r in rows), strict=True)
+            )
+        return SimpleNamespace(logits=torch.cat([r.logits for r in rows]), attentions=attentions)
 
 
 def _layer_from_application(model: torch.nn.Module) -> None:
@@ -451,6 +486,18 @@ def _query_slice(module) -> tuple[torch.nn.Module, callable] | None:
     return None
 
 
+class _ZeroedWeight:
+    """Some heads' slices of a query weight set to 0 until removed (XLNet's ``q`` parameter,
+    [d_model, heads, d]: its query is an einsum with it, no projection module to hook)."""
+
+    def __init__(self, weight: torch.nn.Parameter, heads: list[int]):
+        self.weight, self.saved = weight, weight.data.clone()
+        weight.data[:, heads] = 0
+
+    def remove(self) -> None:
+        self.weight.data.copy_(self.saved)
+
+
 def _zero_module_queries(model, heads: list[tuple[int, int]]) -> list:
     """Forward hooks that zero the queries of ``heads`` in modules captured through their own
     code (the reference :func:`_reference_attention` cannot reach)."""
@@ -466,6 +513,11 @@ def _zero_module_queries(model, heads: list[tuple[int, int]]) -> list:
         found = _query_slice(module)
         layer = getattr(module, "layer_idx", getattr(module, "layer_id", None))
         layer = block_of.get(id(module)) if layer is None else layer
+        if type(module).__name__ == "XLNetRelativeAttention":
+            own = [h for lay, h in heads if lay == layer]
+            if own:
+                handles.append(_ZeroedWeight(module.q, own))
+            continue
         if found is None:
             continue
         proj, where = found

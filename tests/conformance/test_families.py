@@ -210,7 +210,7 @@ FAMILIES: dict[str, str] = {
     "xlm": "refused: is bidirectional (config.causal is False: a masked LM",
     "xlm-roberta": "pass",
     "xlm-roberta-xl": "pass",
-    "xlnet": "refused: adds Transformer-XL relative-position and segment terms",
+    "xlnet": "refused: is bidirectional (attn_type 'bi': a permutation LM",
     "xlstm": "refused: no attention layers: head scores need attention",
     "xmod": "pass",
     "youtu": "pass",
@@ -650,6 +650,88 @@ def test_causal_xlm_decodes_with_headhunts_cache():
             assert torch.equal(out.logits[:, -1].argmax(-1), dec.tokens[:, t]), (m is None, t)
             seq = torch.cat([seq, dec.tokens[:, t : t + 1]], 1)
     assert all(mod.headhunt_kv is None for mod in pair.hooked.attention_modules)
+
+
+def test_causal_xlnet_conforms(zeroed):
+    """A causal XLNet (attn_type 'uni', the content stream) passes every check: its relative
+    attention's position terms are a score bias of the call, and, as it returns mems, not a
+    KV cache, headhunt decodes it with one of its own, one token a step (the eager reference
+    runs each padded row alone: transformers' XLNet fails on a padded batch of two)."""
+    pair = build_pair("xlnet", attn_type="uni")
+    assert pair.hooked.attention_layers == [0, 1]
+    assert pair.hooked.score_bias_layers == [0, 1]
+    checks.check_dense_rows(pair)
+    checks.check_decode(pair)
+    checks.check_masking(pair, zeroed)
+    checks.check_ngram(pair)
+    checks.check_prefill_stats(pair)
+
+
+def test_causal_xlnet_measures_a_masked_heads_own_bias(zeroed):
+    """XLNet's position term ``(q + r_r_bias) . k_r`` is made from the query: a masked head's
+    bias is that of its zeroed query, so the statistics taken while a head is masked (the
+    rows, the lse, the argmax key) are those of the eager model with that query zeroed, and
+    the segment term of token_type_ids is in the scores too."""
+    from headhunt.heads.interventions.masking import mask_heads
+
+    from .conftest import padded_batch, vocab
+
+    pair = build_pair("xlnet", attn_type="uni")
+    hm, head = pair.hooked, checks.masked_head(pair.hooked)
+    ids, mask = padded_batch(vocab(hm), seed=4)
+    real = mask.bool()
+    rec = checks._Calls()
+    with mask_heads(hm, [head]), hm.hooks(rec):
+        hm.forward(ids, attention_mask=mask, use_cache=False)
+    with zeroed(pair.eager, [head]), torch.no_grad():
+        ref = pair.eager(ids, attention_mask=mask, output_attentions=True).attentions
+    for layer, call in rec.calls.items():
+        got = call.probs().transpose(1, 2)[real]
+        torch.testing.assert_close(got, ref[layer].transpose(1, 2)[real], atol=2e-5, rtol=1e-4)
+    masked = rec.calls[head[0]]
+    assert bool((masked.query[:, head[1]] == 0).all())
+    # one segment, then two: the term is in the rows (the model alone runs with a batch of one)
+    types = torch.zeros(1, ids.shape[1], dtype=torch.long)
+    types[0, 12:] = 1
+    for given in (torch.zeros_like(types), types):
+        rec = checks._Calls()
+        with hm.hooks(rec):
+            hm.forward(ids[1:], token_type_ids=given, use_cache=False)
+        with torch.no_grad():
+            out = pair.eager.model(ids[1:], token_type_ids=given, output_attentions=True)
+        for layer, call in rec.calls.items():
+            torch.testing.assert_close(call.probs(), out.attentions[layer], atol=2e-5, rtol=1e-4)
+
+
+def test_xlnet_inputs_it_cannot_measure_are_refused_in_one_line():
+    """XLNet as released (attn_type 'bi'), the permutation LM's inputs (perm_mask,
+    target_mapping: the query stream), mems, and settings that change the mask or positions
+    (bi_data, same_length) are each refused in one line."""
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm
+
+    def refusal(**config) -> str:
+        with pytest.raises(HeadhuntError) as err:
+            HookedModel(model=tiny_causal_lm("xlnet", **config), tokenizer=None, name="xlnet")
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    assert "is bidirectional (attn_type 'bi'" in refusal()
+    assert "bi_data" in refusal(attn_type="uni", bi_data=True)
+    assert "same_length" in refusal(attn_type="uni", same_length=True)
+    hm = HookedModel(model=tiny_causal_lm("xlnet", attn_type="uni"), tokenizer=None, name="xlnet")
+    ids = torch.randint(3, 64, (1, 6))
+    with torch.no_grad():
+        mems = hm.model(ids).mems
+    given = {
+        "perm_mask": torch.zeros(1, 6, 6),
+        "target_mapping": torch.zeros(1, 1, 6),
+        "mems": mems,
+    }
+    for name, value in given.items():
+        with pytest.raises(HeadhuntError, match=f"XLNet given {name}") as err:
+            hm.forward(ids, **{name: value})
+        assert "\n" not in str(err.value)
 
 
 def test_cpmant_is_refused_for_what_its_mask_does(monkeypatch):

@@ -85,11 +85,10 @@ def test_load_model_refuses_a_family_it_cannot_capture(tmp_path):
     from headhunt.probes import load_model
     from headhunt.probes.tiny import tiny_causal_lm, word_tokenizer
 
-    # XLNet's two-stream attention with Transformer-XL relative-position terms, in its own
-    # module code, which headhunt's kernels do not reproduce
+    # XLNet as released (attn_type 'bi'): a permutation LM, every token sees every other
     tiny_causal_lm("xlnet").save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
-    with pytest.raises(HeadhuntError, match="relative-position and segment terms") as err:
+    with pytest.raises(HeadhuntError, match="XLNet's attention .* is bidirectional") as err:
         load_model(str(tmp_path), device="cpu")
     assert "\n" not in str(err.value)
 
