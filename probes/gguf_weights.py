@@ -156,6 +156,18 @@ class Recipe:
     architecture: str
     processor_config: dict[str, Any]
     name_map: dict[str, str]
+    # The file's tensor table (name, ggml type, dims, absolute offset), so that a later load
+    # does not walk the header's metadata again (a 151k-token vocabulary: 300k values stepped
+    # over in Python). The recipe is kept per file content, so the table is the file's.
+    tensors: list[list] | None = None
+
+    def tensor_entries(self) -> list[TensorEntry] | None:
+        if self.tensors is None:
+            return None
+        return [
+            TensorEntry(n, int(t), tuple(int(d) for d in dims), int(o))
+            for n, t, dims, o in self.tensors
+        ]
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -180,13 +192,15 @@ def make_recipe(path: Path, config) -> Recipe:
     )
 
     parsed = load_gguf_checkpoint(str(path), return_tensors=False)
-    architecture = read_header(path).architecture
+    header = read_header(path)
+    architecture = header.architecture
     processor_config = parsed["config"]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=processor_config)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     name_map = get_gguf_hf_weights_map(skeleton, processor)
-    return Recipe(architecture, json.loads(json.dumps(processor_config)), name_map)
+    tensors = [[e.name, e.ggml_type, list(e.dims), e.offset] for e in header.tensors]
+    return Recipe(architecture, json.loads(json.dumps(processor_config)), name_map, tensors)
 
 
 def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
@@ -202,7 +216,7 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
         config=recipe.processor_config
     )
     parsed: dict[str, Any] = {"config": recipe.processor_config, "tensors": {}}
-    entries = read_header(path).tensors
+    entries = recipe.tensor_entries() or read_header(path).tensors
     blob = np.memmap(path, mode="r", dtype=np.uint8)  # pages are read as tensors need them
     with one_thread():
         for i, entry in enumerate(entries, 1):

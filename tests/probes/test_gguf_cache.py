@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from headhunt.cli import main
-from headhunt.probes import loading
+from headhunt.probes import gguf_weights, loading
 from headhunt.probes.loading import gguf_cache_folder
 
 # Files that would hold weights (any format transformers or torch writes).
@@ -76,7 +76,11 @@ def test_no_weights_are_written_and_the_second_load_reads_the_metadata(
     def no_parse(path):
         raise AssertionError("parsed the GGUF's metadata again")
 
+    def no_header(path):
+        raise AssertionError("walked the GGUF's header again (its tensor table is kept)")
+
     monkeypatch.setattr(loading, "_parse_gguf", no_parse)
+    monkeypatch.setattr(gguf_weights, "read_header", no_header)
     again, tok2 = loading._load_gguf(tiny_gguf, dtype="float32")
     assert "reading" not in capsys.readouterr().err
     assert all(torch.equal(first[k], v) for k, v in again.state_dict().items())
