@@ -8,7 +8,11 @@ lengths in tokens, and the chance of picking the right one of the cities the con
 for the asked attribute (multidoc: the mean of 1 / that count).
 
     python benchmarks/taskheads_accuracy.py --model gemma3-270m --task multidoc --docs 6,12,20 \
-        --examples 60 --first 32 [--doc-words 60] [--json OUT.json]
+        --examples 60 --first 32 [--doc-words 60] [--json OUT.jsonl]
+
+``--choose OUT.jsonl`` applies the rule fixed before any ablation is run: the largest --docs
+at which every model in the file answers at least ``--floor`` (0.25) and at least twice the
+chance of picking among the named cities; the smallest tried if none does. It prints DOCS.
 """
 
 from __future__ import annotations
@@ -32,9 +36,21 @@ def chance(example) -> float | None:
     return None
 
 
+def choose(rows: list[dict], floor: float) -> int:
+    """The largest docs where every model's accuracy is >= max(floor, 2 x chance)."""
+    sizes = sorted({r["docs"] for r in rows}, reverse=True)
+    for docs in sizes:
+        at = [r for r in rows if r["docs"] == docs]
+        if all(r["accuracy"] >= max(floor, 2 * (r["chance"] or 0)) for r in at):
+            return docs
+    return sizes[-1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--choose", default=None, help="a JSONL this script wrote: print the DOCS")
+    ap.add_argument("--floor", type=float, default=0.25)
     ap.add_argument("--task", default="multidoc")
     ap.add_argument("--docs", default="6,12,20", help="DOCS,...: the sizes tried")
     ap.add_argument("--doc-words", type=int, default=60)
@@ -45,6 +61,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--json", default=None, help="append one JSON line per setting here")
     args = ap.parse_args()
+    if args.choose:
+        with open(args.choose) as f:
+            print(choose([json.loads(line) for line in f], args.floor))
+        return
 
     from headhunt.heads.evaluations.task_ablation import answers_right
     from headhunt.heads.inputs.task_inputs import Encoder, bundled

@@ -2,7 +2,7 @@
 # Issue 26's causal check on the plain bundled multi-document task, both real models, on one
 # lent GPU, in calls that follow each other at once (the machine keeps /tmp between calls).
 # Each call carries one folder of the stage (STAGE/cN):
-#   c0: src.tgz (`git archive HEAD` of the package and two benchmarks scripts), files/
+#   c0: src.tgz (`git archive HEAD` of the package and three benchmarks scripts), files/
 #       (the wheels gguf, bm25s, plotly; Gemma 3's tokenizer as transformers 5.24 builds it and
 #       its weights' fingerprint: taskheads_gguf_fix.py says why; settings.env), and pieces;
 #   every folder: consecutive pieces NAME.NN of the compressed GGUFs (gemma: gzip, smol: xz),
@@ -11,8 +11,11 @@
 #   bash benchmarks/taskheads_multidoc_gpu.sh STAGE/cN            one call's folder
 #   bash benchmarks/taskheads_multidoc_gpu.sh STAGE/cN wait SECS  then wait for both runs,
 #       packing what is finished into $OUT every minute (a call cut short still returns it)
-# Settings (settings.env): DOCS, WORDS, EVAL (evaluation examples), KS, DRAWS, SCORE (scoring
-# examples, 32). Gemma 3 also gets every head ablated alone (taskheads_single_heads.py).
+# Settings (settings.env): CANDIDATES (the --docs sizes whose full accuracy is measured first
+# on SWEEP examples, 100), DOCS (else chosen from them by taskheads_accuracy.py --choose), WORDS,
+# EVAL (evaluation examples), KS, DRAWS, SCORE (scoring examples, 32). A later folder's
+# settings.env replaces the earlier one until a run starts. Gemma 3 also gets every head
+# ablated alone (taskheads_single_heads.py).
 #   bash benchmarks/taskheads_multidoc_gpu.sh stage STAGE GEMMA_GZ SMOL_XZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out: FILES holds the wheels, the
 #       tokenizer and the fingerprint; the pieces are cut so that every folder carries about
@@ -24,7 +27,7 @@ if [ "$1" = stage ]; then
   ST=$2 GZ=$3 XZ=$4 FILES=$5 PER=${PER:-49000000}
   rm -rf "$ST" && mkdir -p "$ST/c0/files"
   git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
-    benchmarks/taskheads_single_heads.py | gzip >"$ST/c0/src.tgz"
+    benchmarks/taskheads_single_heads.py benchmarks/taskheads_accuracy.py | gzip >"$ST/c0/src.tgz"
   cp "$FILES"/*.json "$FILES"/*.xz "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
   for w in "$FILES"/*.whl; do
     case $w in
@@ -79,54 +82,14 @@ if ls "$C"/files/*.whl >/dev/null 2>&1; then  # this call's wheels (plotly comes
 fi
 
 # (Python's gzip and lzma: the machine need not have xz)
-unpack() { $PY -c "import $1, shutil, sys; shutil.copyfileobj($1.open(sys.stdin.buffer), sys.stdout.buffer)"; }
-unzip_gz() { unpack gzip; }
-unxz() { unpack lzma; }
-
-join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
-  local n=$1 sha
-  [ -f $G/$n.gguf ] && return 0
-  [ -f $G/in/$n.npieces ] || return 1
-  [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
-  cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
-  sha=SHA_$n
-  if [ "$(sha256sum $G/$n.tmp | cut -c1-64)" = "${!sha}" ]; then
-    mv $G/$n.tmp $G/$n.gguf && rm -f $G/in/$n.[0-9]* && echo "$n: joined, SHA-256 checked"
-  else
-    echo "$n: the pieces do not match the SHA-256" && rm -f $G/$n.tmp && return 1
-  fi
-}
-
-run_model() {  # run_model NAME: the taskheads run (Gemma: its tokenizer checked first)
-  local out=$G/runs/$1-multidoc
-  # shellcheck disable=SC1091
-  . $G/in/settings.env
-  cd /tmp || return
-  if [ "$1" = gemma ]; then
-    (set -o pipefail && $PY $G/src/benchmarks/taskheads_gguf_fix.py $G/gemma.gguf \
-      $G/in/files/gemma_tokenizer.json.xz $G/in/files/gemma_fingerprint.json 2>&1 |
-      grep -v Convert) >$G/runs/gemma-fix.log || { touch $G/runs/$1.done; return; }
-  fi
-  $PY -m headhunt taskheads --model $G/$1.gguf --task multidoc --docs "$DOCS" \
-    --doc-words "$WORDS" --examples $((${SCORE:-32} + EVAL)) --score-examples "${SCORE:-32}" \
-    --ks "$KS" --modes mean --random-from all,outside --random-draws "$DRAWS" --batch-size 64 \
-    --out "$out" --force >"$out.log" 2>&1
-  echo "exit $?" >>"$out.log"
-  if [ "$1" = gemma ] && [ -f "$out/ablation.csv" ]; then
-    $PY $G/src/benchmarks/taskheads_single_heads.py "$out" --model $G/gemma.gguf \
-      --batch-size 64 >"$out.singles.log" 2>&1
-    echo "exit $?" >>"$out.singles.log"
-  fi
-  touch "$G/runs/$1.done"
-}
-
-pack() {  # what is there so far, into $OUT (examples.jsonl left out: large, rebuilt by a run)
+unpack() {  # what is there so far, into $OUT (examples.jsonl left out: large, rebuilt by a run)
   cd $G/runs || return
   for m in gemma smol; do
-    [ -d "$m-multidoc" ] || continue
-    tar -czf "$OUT/$m-multidoc.tgz.tmp" --exclude examples.jsonl "$m-multidoc" \
-      $(ls "$m"-*.log 2>/dev/null) && mv "$OUT/$m-multidoc.tgz.tmp" "$OUT/$m-multidoc.tgz"
+    ls -d "$m"-* >/dev/null 2>&1 || continue
+    tar -czf "$OUT/$m-multidoc.tgz.tmp" --exclude examples.jsonl $(ls -d "$m"-*) &&
+      mv "$OUT/$m-multidoc.tgz.tmp" "$OUT/$m-multidoc.tgz"
   done
+  cp accuracy-*.jsonl "$OUT/" 2>/dev/null
   nvidia-smi -L >"$OUT/card.txt" 2>&1
 }
 
