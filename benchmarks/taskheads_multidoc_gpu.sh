@@ -82,7 +82,59 @@ if ls "$C"/files/*.whl >/dev/null 2>&1; then  # this call's wheels (plotly comes
 fi
 
 # (Python's gzip and lzma: the machine need not have xz)
-unpack() {  # what is there so far, into $OUT (examples.jsonl left out: large, rebuilt by a run)
+unpack() { $PY -c "import $1, shutil, sys; shutil.copyfileobj($1.open(sys.stdin.buffer), sys.stdout.buffer)"; }
+unzip_gz() { unpack gzip; }
+unxz() { unpack lzma; }
+
+join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
+  local n=$1 sha
+  [ -f $G/$n.gguf ] && return 0
+  [ -f $G/in/$n.npieces ] || return 1
+  [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
+  cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
+  sha=SHA_$n
+  if [ "$(sha256sum $G/$n.tmp | cut -c1-64)" = "${!sha}" ]; then
+    mv $G/$n.tmp $G/$n.gguf && rm -f $G/in/$n.[0-9]* && echo "$n: joined, SHA-256 checked"
+  else
+    echo "$n: the pieces do not match the SHA-256" && rm -f $G/$n.tmp && return 1
+  fi
+}
+
+run_model() {  # run_model NAME: the taskheads run (Gemma: its tokenizer checked first)
+  local out=$G/runs/$1-multidoc
+  # shellcheck disable=SC1091
+  . $G/in/settings.env
+  cd /tmp || return
+  if [ "$1" = gemma ]; then
+    (set -o pipefail && $PY $G/src/benchmarks/taskheads_gguf_fix.py $G/gemma.gguf \
+      $G/in/files/gemma_tokenizer.json.xz $G/in/files/gemma_fingerprint.json 2>&1 |
+      grep -v Convert) >$G/runs/gemma-fix.log || { touch $G/runs/$1.swept $G/runs/$1.done; return; }
+  fi
+  # the full model's accuracy at each candidate size (taskheads_accuracy.py), then, once both
+  # models have theirs, the size its --choose rule picks, fixed before any ablation runs
+  $PY $G/src/benchmarks/taskheads_accuracy.py --model $G/$1.gguf --task multidoc \
+    --docs "$CANDIDATES" --doc-words "$WORDS" --examples "${SWEEP:-100}" --first "${SCORE:-32}" \
+    --batch-size 32 --json "$G/runs/accuracy-$1.jsonl" >"$G/runs/$1-sweep.log" 2>&1
+  touch "$G/runs/$1.swept"
+  while [ ! -f $G/runs/gemma.swept ] || [ ! -f $G/runs/smol.swept ]; do sleep 2; done
+  . $G/in/settings.env  # (a later call's settings, if one came)
+  DOCS=${DOCS:-$(cat $G/runs/accuracy-*.jsonl | $PY $G/src/benchmarks/taskheads_accuracy.py \
+    --choose /dev/stdin)}
+  echo "DOCS=$DOCS from $(cat $G/runs/accuracy-*.jsonl | wc -l) settings" >"$G/runs/$1-chosen.log"
+  $PY -m headhunt taskheads --model $G/$1.gguf --task multidoc --docs "$DOCS" \
+    --doc-words "$WORDS" --examples $((${SCORE:-32} + EVAL)) --score-examples "${SCORE:-32}" \
+    --ks "$KS" --modes mean --random-from all,outside --random-draws "$DRAWS" --batch-size 64 \
+    --out "$out" --force >"$out.log" 2>&1
+  echo "exit $?" >>"$out.log"
+  if [ "$1" = gemma ] && [ -f "$out/ablation.csv" ]; then
+    $PY $G/src/benchmarks/taskheads_single_heads.py "$out" --model $G/gemma.gguf \
+      --batch-size 64 >"$out.singles.log" 2>&1
+    echo "exit $?" >>"$out.singles.log"
+  fi
+  touch "$G/runs/$1.done"
+}
+
+pack() {  # what is there so far, into $OUT (examples.jsonl left out: large, rebuilt by a run)
   cd $G/runs || return
   for m in gemma smol; do
     ls -d "$m"-* >/dev/null 2>&1 || continue
