@@ -13,15 +13,15 @@
 #       packing what is finished into $OUT every minute (a call cut short still returns it)
 # Settings (settings.env): CANDIDATES (the --docs sizes whose full accuracy is measured first
 # on SWEEP examples, 100), DOCS (else chosen from them by taskheads_accuracy.py --choose), WORDS,
-# EVAL (evaluation examples), KS, DRAWS, SCORE (scoring examples, 32). A later folder's
+# EVAL (evaluation examples), KS, DRAWS, SCORE (scoring examples, 32), MODELS (gemma smol;
+# a model left out must have no pieces: GEMMA_GZ /dev/null). A later folder's
 # settings.env replaces the earlier one until a run starts. Gemma 3 also gets every head
 # ablated alone (taskheads_single_heads.py).
 #   bash benchmarks/taskheads_multidoc_gpu.sh stage STAGE GEMMA_GZ SMOL_XZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out: FILES holds the wheels, the
 #       tokenizer and the fingerprint; the pieces are cut so that every folder carries about
 #       the same bytes (PER, default 49,000,000), Gemma 3's bytes first (its run starts while
-#       SmolLM2's still travel); plotly's wheel, needed only when a run writes its figure,
-#       goes in the last folder.
+#       SmolLM2's still travel).
 set -u
 if [ "$1" = stage ]; then
   ST=$2 GZ=$3 XZ=$4 FILES=$5 PER=${PER:-49000000}
@@ -29,12 +29,7 @@ if [ "$1" = stage ]; then
   git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
     benchmarks/taskheads_single_heads.py benchmarks/taskheads_accuracy.py | gzip >"$ST/c0/src.tgz"
   cp "$FILES"/*.json "$FILES"/*.xz "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
-  for w in "$FILES"/*.whl; do
-    case $w in
-    *plotly*) mkdir -p "$ST/last" && cp "$w" "$ST/last/" ;;
-    *) cp "$w" "$ST/c0/files/" ;;
-    esac
-  done
+  cp "$FILES"/*.whl "$ST/c0/files/"
   # one stream, Gemma's bytes then SmolLM2's, cut into folders of PER bytes (c0: less what
   # it holds already); each folder gets its part of each model as NAME.NN
   gz=$(stat -c %s "$GZ") xz=$(stat -c %s "$XZ") used=$(du -cb "$ST/c0" | tail -1 | cut -f1)
@@ -56,9 +51,6 @@ if [ "$1" = stage ]; then
     off=$end c=$((c + 1))
   done
   echo $ng >"$ST/c0/gemma.npieces" && echo $ns >"$ST/c0/smol.npieces"
-  if [ -d "$ST/last" ]; then
-    mkdir -p "$ST/c$((c - 1))/files" && mv "$ST/last"/* "$ST/c$((c - 1))/files/" && rmdir "$ST/last"
-  fi
   du -sb "$ST"/c*
   exit 0
 fi
@@ -76,7 +68,7 @@ if [ -f $G/in/src.tgz ] && [ ! -d $G/pkg ]; then
   cp -r $G/src/headhunt $G/pkg/headhunt
   for d in probes heads kernels sae app; do cp -r $G/src/$d $G/pkg/headhunt/$d; done
 fi
-if ls "$C"/files/*.whl >/dev/null 2>&1; then  # this call's wheels (plotly comes last)
+if ls "$C"/files/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target $G/site "$C"/files/*.whl
 fi
@@ -89,7 +81,7 @@ unxz() { unpack lzma; }
 join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
   local n=$1 sha
   [ -f $G/$n.gguf ] && return 0
-  [ -f $G/in/$n.npieces ] || return 1
+  [ -f $G/in/$n.npieces ] && [ "$(cat $G/in/$n.npieces)" != 0 ] || return 1
   [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
   cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
   sha=SHA_$n
@@ -110,17 +102,24 @@ run_model() {  # run_model NAME: the taskheads run (Gemma: its tokenizer checked
       $G/in/files/gemma_tokenizer.json.xz $G/in/files/gemma_fingerprint.json 2>&1 |
       grep -v Convert) >$G/runs/gemma-fix.log || { touch $G/runs/$1.swept $G/runs/$1.done; return; }
   fi
-  # the full model's accuracy at each candidate size (taskheads_accuracy.py), then, once both
-  # models have theirs, the size its --choose rule picks, fixed before any ablation runs
-  $PY $G/src/benchmarks/taskheads_accuracy.py --model $G/$1.gguf --task multidoc \
-    --docs "$CANDIDATES" --doc-words "$WORDS" --examples "${SWEEP:-100}" --first "${SCORE:-32}" \
-    --batch-size 32 --json "$G/runs/accuracy-$1.jsonl" >"$G/runs/$1-sweep.log" 2>&1
-  touch "$G/runs/$1.swept"
-  while [ ! -f $G/runs/gemma.swept ] || [ ! -f $G/runs/smol.swept ]; do sleep 2; done
-  . $G/in/settings.env  # (a later call's settings, if one came)
+  # the full model's accuracy at each candidate size (taskheads_accuracy.py), then, once every
+  # model has its own, the size its --choose rule picks, fixed before any ablation runs (none
+  # of this when DOCS is set)
+  if [ -z "${DOCS:-}" ]; then
+    $PY $G/src/benchmarks/taskheads_accuracy.py --model $G/$1.gguf --task multidoc \
+      --docs "$CANDIDATES" --doc-words "$WORDS" --examples "${SWEEP:-100}" \
+      --first "${SCORE:-32}" --batch-size 32 --json "$G/runs/accuracy-$1.jsonl" \
+      >"$G/runs/$1-sweep.log" 2>&1
+    touch "$G/runs/$1.swept"
+    for m in ${MODELS:-gemma smol}; do
+      while [ ! -f "$G/runs/$m.swept" ]; do sleep 2; done
+    done
+    . $G/in/settings.env  # (a later call's settings, if one came)
+  fi
   DOCS=${DOCS:-$(cat $G/runs/accuracy-*.jsonl | $PY $G/src/benchmarks/taskheads_accuracy.py \
     --choose /dev/stdin)}
-  echo "DOCS=$DOCS from $(cat $G/runs/accuracy-*.jsonl | wc -l) settings" >"$G/runs/$1-chosen.log"
+  echo "DOCS=$DOCS from $(cat $G/runs/accuracy-*.jsonl 2>/dev/null | wc -l) settings" \
+    >"$G/runs/$1-chosen.log"
   $PY -m headhunt taskheads --model $G/$1.gguf --task multidoc --docs "$DOCS" \
     --doc-words "$WORDS" --examples $((${SCORE:-32} + EVAL)) --score-examples "${SCORE:-32}" \
     --ks "$KS" --modes mean --random-from all,outside --random-draws "$DRAWS" --batch-size 64 \
@@ -157,10 +156,13 @@ for m in gemma smol; do
   fi
 done
 echo "pieces here: $(cd $G/in && ls gemma.[0-9]* smol.[0-9]* 2>/dev/null | tr '\n' ' ')"
+. $G/in/settings.env
 if [ "${2:-}" = wait ]; then
   for i in $(seq 1 "${3:-540}"); do
     [ $((i % 60)) = 0 ] && pack && tail -qn1 $G/runs/*.log | grep -v "it/s"
-    [ -f $G/runs/gemma.done ] && [ -f $G/runs/smol.done ] && break
+    busy=0
+    for m in ${MODELS:-gemma smol}; do [ -f "$G/runs/$m.done" ] || busy=1; done
+    [ $busy = 0 ] && break
     sleep 1
   done
   pack
