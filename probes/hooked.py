@@ -753,6 +753,12 @@ class HookedModel:
         """One forward pass on the model's device; 1-D ids are treated as a batch of one."""
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
+        if input_ids.shape[0] % self.codebooks:
+            raise HeadhuntError(
+                f"{type(self.model).__name__} reads {self.codebooks} token rows per sequence: "
+                f"input_ids must be [batch x {self.codebooks}, n] (each sequence's codebook "
+                f"rows together), not {list(input_ids.shape)}"
+            )
         keep = kwargs.get("logits_to_keep")
         if keep is None or self._takes_logits_to_keep:
             return self.model(input_ids=input_ids.to(self.device), **kwargs)

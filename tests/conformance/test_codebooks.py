@@ -172,6 +172,23 @@ def test_ngram_tokens_are_codebook_tuples(pair):
     assert "\n" not in str(err.value) and "[4, n]" in str(err.value)
 
 
+def test_inputs_in_another_layout_are_refused_in_one_line(pair):
+    from headhunt.probes.capture import greedy_decode
+
+    hm = pair.hooked
+    ids, mask = codebook_batch(hm, seed=5)
+    refused = (
+        lambda: hm.forward(ids[0]),  # one row: not a sequence of this model
+        lambda: greedy_decode(
+            hm, ids, attention_mask=mask, max_new_tokens=2, skip_stopped_rows=True
+        ),
+    )
+    for call, words in zip(refused, ("[batch x 4, n]", "skip_stopped_rows"), strict=True):
+        with pytest.raises(HeadhuntError) as err:
+            call()
+        assert "\n" not in str(err.value) and words in str(err.value)
+
+
 def test_a_methods_run_refuses_in_one_line(pair, tmp_path):
     import headhunt as hh
 
