@@ -449,10 +449,14 @@ def _read_tokenizer(folder: Path, auto):
         # (benchmarks/taskheads_gguf_fix.py replaces a broken one)
         return auto.from_pretrained(folder, local_files_only=True)
     from tokenizers import Tokenizer
-    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
+    try:
+        from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+    except ImportError:  # another transformers: AutoTokenizer finds the class
+        tokenizer_class_from_name = None
     name = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    cls = tokenizer_class_from_name(name) if isinstance(name, str) else None
+    known = isinstance(name, str) and tokenizer_class_from_name is not None
+    cls = tokenizer_class_from_name(name) if known else None
     # AutoTokenizer would also load the config, handing it a copy of the backend
     loader = cls if cls is not None else auto
     parsed = Tokenizer.from_file(str(backend))
@@ -473,8 +477,11 @@ def _handed_over(backend):
     import copy
     import types
 
-    from transformers import tokenization_utils_tokenizers as module
-
+    try:
+        from transformers import tokenization_utils_tokenizers as module
+    except ImportError:  # another transformers: its own copy, untouched
+        yield
+        return
     real = getattr(module, "copy", None)
     if real is not copy:  # another transformers: its own copy, untouched
         yield
