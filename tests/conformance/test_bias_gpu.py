@@ -2,13 +2,15 @@
 kernels' torch path on every device: the Triton kernels take no bias, so on CUDA such a call
 must leave them, never drop the bias. The CPU side is checked against eager attention by
 ``test_family_conforms``; here the same tiny model on a GPU must measure what it measures on
-the CPU (statistics of a left-padded prefill, the decode argmax), up to float32 rounding."""
+the CPU (statistics of a left-padded prefill, the decode argmax), up to float32 rounding.
+Run on one H200 (torch 2.11, transformers 5.17): benchmarks/results/conformance_gpu/bias_h200.log."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from headhunt.errors import HeadhuntError
 from headhunt.kernels.variant import AttentionVariant
 from headhunt.probes.capture import capture_stats_and_counts, greedy_decode
 
@@ -31,7 +33,10 @@ def test_a_biased_family_measures_on_the_gpu_what_it_measures_on_the_cpu(family)
     if family not in CONFIG_MAPPING:
         pytest.skip(f"this transformers has no {family}")
     assert AttentionVariant(bias=torch.zeros(1, 1, 4, 4)).triton_unsupported() == ["bias"]
-    hm = build_pair(family).hooked
+    try:
+        hm = build_pair(family).hooked
+    except HeadhuntError as err:  # transformers 5.17's Doge: refused as not causal, on the CPU
+        pytest.skip(f"headhunt refuses this transformers' {family}: {err}")
     ids, mask = padded_batch(vocab(hm), seed=1)
     real = mask.bool()[:, None, :]
     cpu, cpu_counts = capture_stats_and_counts(hm, ids, attention_mask=mask, entropy=True)
