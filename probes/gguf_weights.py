@@ -18,8 +18,10 @@ The GGUF format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
+import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -203,10 +205,31 @@ def make_recipe(path: Path, config) -> Recipe:
     return Recipe(architecture, json.loads(json.dumps(processor_config)), name_map, tensors)
 
 
+# At most this many tensors are dequantised at once (see :func:`load_threads`).
+_MAX_THREADS = 4
+
+
+def load_threads() -> int:
+    """How many tensors a load dequantises at once: the CPUs this process may run on, at most
+    :data:`_MAX_THREADS` (1 on a one-CPU machine: no thread is started)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call (macOS)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _MAX_THREADS))
+
+
 def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     """The GGUF's tensors as transformers' ``load_gguf_checkpoint`` returns them (its loop,
     step for step: dequantise, process, rename, cast to ``dtype``), read from the mapped file.
-    ``on_tensor(i, n)`` is called after each tensor (a progress line)."""
+    ``on_tensor(i, n)`` is called after each tensor (a progress line).
+
+    With :func:`load_threads` above one, the dequantisation runs on that many Python threads,
+    each tensor whole on one of them with torch on one thread inside it (torch's and numpy's
+    operations release the GIL, and the kernel's page faults for different tensors' fresh
+    memory then run side by side too); the rest of the loop (process, rename, cast) runs here,
+    in the file's order, as each tensor's values arrive. Every tensor goes through the same
+    operations as on one thread, so the values are the same bits."""
     import numpy as np
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -218,21 +241,68 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     parsed: dict[str, Any] = {"config": recipe.processor_config, "tensors": {}}
     entries = recipe.tensor_entries() or read_header(path).tensors
     blob = np.memmap(path, mode="r", dtype=np.uint8)  # pages are read as tensors need them
+    threads = min(load_threads(), len(entries))
+    # one_thread restores the caller's thread count on the way out, after the pool has ended.
+    # Closing the values stops the pool (an error here) before one_thread's exit.
     with one_thread():
-        for i, entry in enumerate(entries, 1):
-            _read_tensor(blob, entry, processor, recipe, parsed, dtype)
-            if on_tensor is not None:
-                on_tensor(i, len(entries))
+        values = (
+            (_dequantized(blob, entry) for entry in entries)
+            if threads <= 1
+            else _dequantized_in_pool(blob, entries, threads)
+        )
+        with contextlib.closing(values):
+            for i, (entry, weights) in enumerate(zip(entries, values, strict=True), 1):
+                _add_tensor(blob, weights, entry, processor, recipe, parsed, dtype)
+                if on_tensor is not None:
+                    on_tensor(i, len(entries))
     return parsed["tensors"]
 
 
-def _read_tensor(blob, entry: TensorEntry, processor, recipe: Recipe, parsed: dict, dtype) -> None:
-    """One step of ``load_gguf_checkpoint``'s loop: dequantise, process, rename, cast."""
-    import numpy as np
-    import torch
+def _dequantized(blob, entry: TensorEntry):
+    """The tensor's values, dequantised to float32 (numpy)."""
     from gguf import GGMLQuantizationType
 
-    weights = dequantize(tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type))
+    return dequantize(tensor_data(blob, entry), GGMLQuantizationType(entry.ggml_type))
+
+
+def _torch_on_one_thread() -> None:
+    """A pool thread's torch on one thread (the count is per thread: a new thread starts from
+    the last count set anywhere, which the caller's :func:`one_thread` made 1)."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def _dequantized_in_pool(blob, entries: list[TensorEntry], threads: int):
+    """Each tensor's dequantised values, in the file's order, computed ``threads`` at a time.
+    At most ``2 * threads`` tensors are ahead of the caller (a bfloat16 load holds no more
+    float32 tensors than that); an error in one is raised here, after the pool has stopped."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    ahead = 2 * threads
+    with ThreadPoolExecutor(threads, initializer=_torch_on_one_thread) as pool:
+        pending: deque = deque()
+        try:
+            for entry in entries:
+                pending.append(pool.submit(_dequantized, blob, entry))
+                if len(pending) >= ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _add_tensor(
+    blob, weights, entry: TensorEntry, processor, recipe: Recipe, parsed: dict, dtype
+) -> None:
+    """The rest of one step of ``load_gguf_checkpoint``'s loop: process, rename, cast."""
+    import numpy as np
+    import torch
+
     result = processor.process(
         weights=weights,
         name=entry.name,

@@ -135,8 +135,11 @@ def test_both_bundled_models_are_read_bit_for_bit(smol, gemma):
 
 
 @pytest.mark.slow
-def test_the_embedded_model_in_bfloat16_is_read_bit_for_bit():
+def test_the_embedded_model_in_bfloat16_is_read_bit_for_bit(monkeypatch):
+    """On a pool of three threads, whatever the machine's CPUs (the session's models load on
+    as many as the machine gives, up to four)."""
     from headhunt.probes import load_model
 
+    monkeypatch.setattr(gguf_weights, "load_threads", lambda: 3)
     m = load_model("smollm2-135m", device="cpu", dtype="bfloat16")
     _fingerprint(m.model, "bfloat16", "smollm2-135m")
