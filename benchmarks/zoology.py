@@ -24,9 +24,11 @@ Every (model, width, learning rate) trains in its own process, all at once on th
 set) is reported, as Zoology reports the best of its sweep.
 
 Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--deadline D]
-[--smoke] [--only attention,hybrid] [--widths 64,128] (S: training seconds per model; D: the
-whole script's limit, after which running workers are killed; --only / --widths: a
-comma-separated subset of the models / widths, to split the sweep over calls). OUT is rewritten
+[--smoke] [--only attention,hybrid] [--widths 64,128] [--lrs 0.001] [--seed 0] (S: training
+seconds per model; D: the whole script's limit, after which running workers are killed; --only /
+--widths: a comma-separated subset of the models / widths, to split the sweep over calls; --lrs:
+these learning rates for every model chosen, in place of the defaults; --seed: initialisation
+and batch order). OUT is rewritten
 whenever a run finishes or a worker validates (every 250 steps: a run killed at the deadline
 keeps its curve; the report: benchmarks/zoology_report.py).
 """
@@ -62,19 +64,27 @@ WIDTHS = (64, 128)
 LRS = (1e-3, 3.2e-3)  # the two lowest of logspace(-3, -1.5, 4)
 
 
-def jobs(smoke: bool, widths: tuple[int, ...] = WIDTHS) -> list[dict]:
+def jobs(
+    smoke: bool, widths: tuple[int, ...] = WIDTHS, lrs: tuple[float, ...] | None = None, seed=0
+) -> list[dict]:
     if smoke:
-        smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
-        return [{"arch": a, "width": w, **smoke_job} for a in ARCHS for w in widths[:1]]
+        smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2, "seed": seed}
+        return [
+            {"arch": a, "width": w, **smoke_job, **({"lr": lr} if lrs else {})}
+            for a in ARCHS
+            for w in widths[:1]
+            for lr in (lrs or (None,))
+        ]
     out = []
     for arch in ARCHS:
         for width in widths:
             # The short convolutions cannot see past 5 tokens: one rate is enough to show it.
             # Mamba2 (transformers' PyTorch scan) keeps the GPU busy while the others are
             # launch-bound: one rate each, so it does not starve the other processes.
-            for lr in LRS[1:] if arch in ("gated conv", "mamba2") else LRS:
+            default = LRS[1:] if arch in ("gated conv", "mamba2") else LRS
+            for lr in lrs or default:
                 job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH, "probe": 256}
-                out.append({**job, "eval_every": EVAL_EVERY})
+                out.append({**job, "eval_every": EVAL_EVERY, "seed": seed})
     return out
 
 
@@ -127,6 +137,7 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
         layer_types=layers,
         lr=job["lr"],
         batch_size=job["batch"],
+        seed=job.get("seed", 0),
     )
     model = build_model(cfg).to(dev)
     model.train()
@@ -134,7 +145,7 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
         model.parameters(), lr=cfg.lr, weight_decay=0.1, fused=dev.type == "cuda"
     )
     pool = data["train"].to(dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(job.get("seed", 0))
     log: dict = {"step": [], "seconds": [], "loss": [], "val_curve": []}
     t0 = time.perf_counter()
     step = 0
@@ -319,7 +330,11 @@ def main() -> None:
     widths = WIDTHS
     if "--widths" in sys.argv:
         widths = tuple(int(w) for w in sys.argv[sys.argv.index("--widths") + 1].split(","))
-    todo = [j for j in jobs(smoke, widths) if only is None or j["arch"] in only]
+    lrs = None
+    if "--lrs" in sys.argv:
+        lrs = tuple(float(x) for x in sys.argv[sys.argv.index("--lrs") + 1].split(","))
+    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
+    todo = [j for j in jobs(smoke, widths, lrs, seed) if only is None or j["arch"] in only]
     procs = []
     for i, job in enumerate(todo):
         out = work / f"run{i}.json"
