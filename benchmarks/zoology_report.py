@@ -123,18 +123,37 @@ def sweep_table(results: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def curve_table(runs: list[dict], arch: str) -> str:
-    """The validation curve of ``arch``'s reported runs: step, seconds, training loss, validation
-    accuracy at each test pair count."""
-    lines = ["| width | step | seconds | training loss | validation (4 / 16 / 64 pairs) |"]
-    lines.append("|---|---|---|---|---|")
-    for r in sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"]):
-        for step, sec, loss, val in zip(
-            r["step"], r["seconds"], r["loss"], r["val_curve"], strict=True
-        ):
-            accs = " / ".join(f"{v:.3f}" for v in val)
-            lines.append(f"| {r['width']} | {step} | {sec} | {loss:.3f} | {accs} |")
-    return "\n".join(lines)
+def curve_table(results: list[tuple[str, dict]], arch: str, min_points: int = 4) -> str:
+    """The validation curves of ``arch``'s runs with at least ``min_points`` validations, in
+    every file, side by side (one row per step): training loss and validation accuracy at each
+    test pair count."""
+    runs = [
+        (name, r)
+        for name, res in results
+        for r in res["runs"]
+        if r["arch"] == arch and len(r.get("step", ())) >= min_points
+    ]
+    runs.sort(key=lambda nr: (nr[1]["width"], nr[1]["lr"]))
+    if not runs:
+        return ""
+    head = "| step | " + " | ".join(
+        f"width {r['width']}, lr {r['lr']}: loss | validation (4 / 16 / 64)" for _, r in runs
+    )
+    lines = [head + " |", "|---|" + "---|---|" * len(runs)]
+    curves = [
+        {s: (loss, val) for s, loss, val in zip(r["step"], r["loss"], r["val_curve"], strict=True)}
+        for _, r in runs
+    ]
+    for step in sorted({s for c in curves for s in c}):
+        cells = []
+        for c in curves:
+            loss, val = c.get(step, (None, None))
+            cells += (
+                ["", ""] if val is None else [f"{loss:.3f}", " / ".join(f"{v:.3f}" for v in val)]
+            )
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    files = ", ".join(sorted({name for name, _ in runs}))
+    return "\n".join(lines) + f"\n\n(results: {files})"
 
 
 def sweep_rows(res: dict) -> list[str]:
@@ -198,7 +217,7 @@ def main() -> None:
     print()
     print(sweep_table(results))
     print()
-    print(curve_table(runs, "mamba2"))
+    print(curve_table(results, "mamba2"))
 
 
 if __name__ == "__main__":
