@@ -179,6 +179,16 @@ def check_dense_rows(pair: Pair) -> dict:
     return rec.calls
 
 
+def check_every(pair: Pair, zeroed) -> None:
+    """Every check a passing family gets (a variant of a family tested in one piece: decode,
+    dense rows, masking, n-gram scores and the padded prefill's statistics)."""
+    check_dense_rows(pair)
+    check_decode(pair)
+    check_masking(pair, zeroed)
+    check_ngram(pair)
+    check_prefill_stats(pair)
+
+
 def check_prefill_stats(pair: Pair) -> None:
     """Kernel statistics on a padded prefill: lse (through exact probabilities of every pair),
     column sums and means, entropy and argmax equal eager attention's, on real queries, and

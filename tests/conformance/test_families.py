@@ -384,11 +384,7 @@ def test_per_layer_key_head_counts_conform(zeroed):
     pair = build_pair("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1)
     hm = pair.hooked
     assert hm.kv_head_counts == [2, 1, 2, 1] and hm.describe()["kv_heads"] == [2, 1, 2, 1]
-    checks.check_dense_rows(pair)
-    checks.check_decode(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
+    checks.check_every(pair, zeroed)
     ids = torch.randint(3, 9, (2, 16), generator=torch.Generator().manual_seed(0))
     table = score_ngrams(hm, {"random": ids}, NgramConfig(exclude_bos=False))
     assert table.matrix("induction", source="random").shape == (4, 4)
@@ -418,11 +414,7 @@ def test_big_bird_full_attention_conforms(zeroed):
     ``attention_type="original_full"`` its BERT-style attention, computed in the module's
     own code, passes every check."""
     pair = build_pair("big_bird", attention_type="original_full")
-    checks.check_dense_rows(pair)
-    checks.check_decode(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
+    checks.check_every(pair, zeroed)
 
 
 def test_gpt1_decodes_with_headhunts_cache():
@@ -580,11 +572,7 @@ def test_dory_last_loop_cache_conforms(zeroed):
     over its cached past and their own keys; every check holds per application."""
     pair = build_pair("dory", recurrent_kv_cache_mode="last_loop")
     assert pair.hooked.n_layers == 6
-    checks.check_dense_rows(pair)
-    checks.check_decode(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
+    checks.check_every(pair, zeroed)
 
 
 def test_a_run_on_a_biased_model_says_which_layers_take_the_torch_path(tmp_path, capsys):
@@ -610,11 +598,7 @@ def test_causal_xlm_conforms(zeroed):
     as it returns no KV cache, headhunt decodes it with one of its own, one token a step."""
     pair = build_pair("xlm", causal=True)
     assert pair.hooked.attention_layers == [0, 1]
-    checks.check_dense_rows(pair)
-    checks.check_decode(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
+    checks.check_every(pair, zeroed)
 
 
 def test_causal_xlm_decodes_with_headhunts_cache():
@@ -660,11 +644,7 @@ def test_causal_xlnet_conforms(zeroed):
     pair = build_pair("xlnet", attn_type="uni")
     assert pair.hooked.attention_layers == [0, 1]
     assert pair.hooked.score_bias_layers == [0, 1]
-    checks.check_dense_rows(pair)
-    checks.check_decode(pair)
-    checks.check_masking(pair, zeroed)
-    checks.check_ngram(pair)
-    checks.check_prefill_stats(pair)
+    checks.check_every(pair, zeroed)
 
 
 def test_causal_xlnet_measures_a_masked_heads_own_bias(zeroed):
