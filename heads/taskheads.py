@@ -150,12 +150,17 @@ class TaskCapture(AttentionHook):
 class OutputSum(AttentionHook):
     """Sum and count of every head's output (before o_proj) over all positions, and its value
     at the first position: the means a mean ablation puts in its place (over every position,
-    or over every position but the first)."""
+    or over every position but the first). With ``readout_from`` (an absolute position: the
+    question's first token) also the sum and count over the rows from there on, the readout
+    rows whose mean ``mean-readout`` puts in."""
 
-    def __init__(self):
+    def __init__(self, readout_from: int | None = None):
         self.total: dict[int, Tensor] = {}
         self.first: dict[int, Tensor] = {}
+        self.readout: dict[int, Tensor] = {}
         self.count = 0
+        self.readout_count = 0
+        self.readout_from = readout_from
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
         out = output[0].detach().float()
@@ -164,6 +169,13 @@ class OutputSum(AttentionHook):
         self.first[call.layer] = self.first.get(call.layer, 0) + first  # a cached pass: none
         if call.layer == 0:
             self.count += output.shape[1]
+        if self.readout_from is not None:
+            # rows at or past readout_from (a pass on a cache starts past its prefix)
+            row0 = call.q_offset if call.query_start is None else call.query_start
+            part = out[max(0, self.readout_from - row0) :]
+            self.readout[call.layer] = self.readout.get(call.layer, 0) + part.sum(0).cpu()
+            if call.layer == 0:
+                self.readout_count += part.shape[0]
         return output
 
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from headhunt.heads.evaluations.task_modes import MODES
 from headhunt.methods.base import (
     Method,
     MethodConfig,
@@ -41,7 +42,9 @@ class TaskHeadsConfig(MethodConfig):
     ks: list[int] = option([1, 2, 4, 8, 16, 32, 64], "top-k heads ablated", min=1)
     modes: list[str] = option(
         ["mean", "zero"], "ablations (mean-keep-first: a mean ablation that keeps the first "
-        "position, the attention sink)", choices=("mean", "mean-keep-first", "zero"),
+        "position, the attention sink; mean-readout / zero-readout: only the rows from the "
+        "question's first token through the answer, the context rows keep their own output)",
+        choices=tuple(MODES),
     )  # fmt: skip
     detectors: list[str] = option(
         ["copy", "query", "write"], "detectors checked", choices=("copy", "query", "write")
@@ -92,7 +95,8 @@ give three scores per head: copy_score (Wu et al.'s rule under teacher forcing),
 its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
 token's logit minus the off-evidence write, final norm linearised, correct examples only).
 The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
-heads are mean- and zero-ablated against --random-draws random k-head sets (from all heads, and
+heads are ablated (--modes: mean, zero, or only at the question and answer rows with
+mean-readout / zero-readout) against --random-draws random k-head sets (from all heads, and
 from the heads outside that detector's top k), with closed-book prompts the model answers
 without context as the specificity control (mean ablation there puts in the heads' mean over
 other closed-book prompts; closed_book: with the task's mean), and documents are
@@ -202,13 +206,16 @@ def _score_examples(model, config: TaskHeadsConfig, ctx, encoded) -> None:
     for i in ctx.units(todo, "example", weight=lambda i: len(encoded[i].ids),
                        done_before=len(share) - len(todo)):  # fmt: skip
         scoring = i < config.score_examples
-        sums = OutputSum()
+        sums = OutputSum(readout_from=encoded[i].question[0])
         res = score_example(model, encoded[i], extra_hooks=[sums] if scoring else [])
         rec = {"index": i, "split": "score" if scoring else "eval", **res.to_record()}
         if scoring:
             rec["out_sum"] = [sums.total[la].tolist() for la in range(model.n_layers)]
             rec["out_first"] = [sums.first[la].tolist() for la in range(model.n_layers)]
             rec["out_count"] = sums.count
+            # the question and answer rows' sum: the mean-readout reference
+            rec["out_readout"] = [sums.readout[la].tolist() for la in range(model.n_layers)]
+            rec["out_readout_count"] = sums.readout_count
         ctx.append(EXAMPLES, rec)
 
 
@@ -236,7 +243,15 @@ class Plan:
         count = sum(r["out_count"] for r in scoring)
         total = np.sum([np.asarray(r["out_sum"]) for r in scoring], 0)
         first = np.sum([np.asarray(r["out_first"]) for r in scoring], 0)
-        self.means = mean_outputs(total, first, count, len(scoring))
+        readout, n_readout = None, 0
+        if all("out_readout" in r for r in scoring):
+            readout = np.sum([np.asarray(r["out_readout"]) for r in scoring], 0)
+            n_readout = sum(r["out_readout_count"] for r in scoring)
+        require(readout is not None or not any(MODES[m].rows == "readout" and MODES[m].mean
+                                                for m in config.modes),
+                "this run's scoring records predate mean-readout (no question-row sums): "
+                "run it again with --force")  # fmt: skip
+        self.means = mean_outputs(total, first, count, len(scoring), readout, n_readout)
         n_total = model.n_layers * model.n_heads
         self.ks = [k for k in config.ks if k <= n_total]
         self.top = {d: top_heads(self.matrices[DETECTOR_METRICS[d]], max(self.ks, default=1))
@@ -272,15 +287,20 @@ class Plan:
         from headhunt.heads.inputs.task_inputs import CLOSED_BOOK_REFERENCE, closed_book_ids
 
         evals = [(self.encoded[r.id].ids, self.encoded[r.id].answer_start) for r in self.eval]
+        # readout ablations: from the question's first token on
+        eval_rows = [self.encoded[r.id].question[0] for r in self.eval]
         closed, closed_means = [], self.means
         tok = self.model.tokenizer
+        # a closed-book prompt is all question: its readout rows are every row but the BOS
+        book_row = int(tok.bos_token_id is not None)
         if self.config.specificity:
             book = [(p + a, len(p)) for p, a in closed_book_ids(tok)]
             right = answers_right(self.model, book, batch_size=self.config.batch_size)
             closed = [b for b, ok in zip(book, right, strict=True) if ok]
             # the specificity control's mean: over other closed-book prompts (never evaluated)
             ref = [p + a for p, a in closed_book_ids(tok, CLOSED_BOOK_REFERENCE)]
-            closed_means = reference_means(self.model, ref)
+            closed_means = reference_means(self.model, ref, [book_row] * len(ref))
+        book_rows = [book_row] * len(closed)
         done = ctx.done(CONDITIONS, key=lambda r: r["name"])
         share = ctx.todo(list(self.conditions))
         todo = [n for n in share if n not in done]
@@ -290,15 +310,15 @@ class Plan:
             hooks = ablation(c["heads"], c["mode"], self.means)
             # closed_book: with the task's mean (as first reported); specificity: with the
             # closed-book reference mean (the control; the same for zero ablation)
-            book = answers_right(self.model, closed, hooks, bs)
-            if c["mode"] != "zero" and c["heads"]:
+            book = answers_right(self.model, closed, hooks, bs, book_rows)
+            if MODES[c["mode"]].mean and c["heads"]:
                 own = ablation(c["heads"], c["mode"], closed_means)
-                spec = answers_right(self.model, closed, own, bs)
+                spec = answers_right(self.model, closed, own, bs, book_rows)
             else:
                 spec = book
             ctx.append(CONDITIONS, {
                 "name": name, "mode": c["mode"], "heads": c["heads"],
-                "correct": answers_right(self.model, evals, hooks, bs),
+                "correct": answers_right(self.model, evals, hooks, bs, eval_rows),
                 "closed_book": book, "specificity": spec,
             })  # fmt: skip
 

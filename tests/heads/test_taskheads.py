@@ -140,6 +140,114 @@ def test_mean_keep_first_keeps_the_first_position():
     assert (got[:, 0] == 0).all() and (got[:, 1:, 1] == 5).all() and (got[:, 1:, 0] == 0).all()
 
 
+def test_readout_ablation_leaves_the_rows_before_each_sequences_start():
+    """mean-readout / zero-readout: each sequence's rows from its own readout start on get the
+    mean (or 0) for the ablated heads; every earlier row and every other head keep their own
+    output, bit for bit; a pass on a cache counts rows from its first absolute position."""
+    from headhunt.heads.evaluations.task_ablation import MeanAblation
+
+    out = torch.randn(2, 6, 3, 4)
+    mean = {0: torch.full((3, 4), 5.0)}
+    for means, fill in ((mean, 5.0), (None, 0.0)):
+        hook = MeanAblation([(0, 1), (0, 2)], means, readout=True)
+        hook.for_batch([2, 4])
+        call = type("Call", (), {"layer": 0, "q_offset": 0, "query_start": None})()
+        got = hook.after(call, out)
+        for b, start in enumerate((2, 4)):
+            assert torch.equal(got[b, :start], out[b, :start])
+            assert (got[b, start:, 1:] == fill).all()
+            assert torch.equal(got[b, start:, 0], out[b, start:, 0])
+        call.q_offset = 3  # rows 3..8: sequence 0 ablated from row 0 of the pass, 1 from 1
+        got = hook.after(call, out)
+        assert (got[0, :, 1:] == fill).all() and (got[1, 1:, 1:] == fill).all()
+        assert torch.equal(got[1, :1], out[1, :1])
+
+
+MARKER = (0, 0)  # in the relay model: writes the value word where it stands, in SPARE dims
+SPARE = 100  # residual dimensions past the vocabulary (72 tokens): no unembedding reads them
+
+
+def relay_model() -> HookedModel:
+    """The planted model with a two-step route: MARKER (layer 0) attends from every row to the
+    value word and writes its identity into SPARE dimensions, and COPIER (layer 1) copies the
+    value from those dimensions at the value word's row (a context row) instead of from the
+    embedding. MARKER matters only at the context rows (what COPIER reads there); its output
+    at the question and answer rows reaches no logit. COPIER matters only at the answer row."""
+    m = planted_model()
+    tok, net, hd = m.tokenizer, m.model, 32
+    scale = 128**0.5
+    ids = [tok.convert_tokens_to_ids(w) for w in VALUES]
+    with torch.no_grad():
+        att0, att1 = net.model.layers[0].self_attn, net.model.layers[1].self_attn
+        low = hd // 2 - 1
+        att0.q_proj.weight[MARKER[1] * hd + low, : len(tok)] = 12 / scale  # every row asks
+        kv0, kv1 = MARKER[1] // 2, COPIER[1] // 2  # (READER shares MARKER's keys: it still
+        for i, t in enumerate(ids):  # attends to the value and writes nothing)
+            att0.v_proj.weight[kv0 * hd + i, t] = 1 / scale
+            att0.o_proj.weight[SPARE + i, MARKER[1] * hd + i] = 1.0
+            att1.v_proj.weight[kv1 * hd + i, t] = 0.0
+            att1.v_proj.weight[kv1 * hd + i, SPARE + i] = 1 / scale
+    return m
+
+
+def test_mean_readout_hits_reading_heads_and_spares_context_heads():
+    """Planted ground truth for the readout ablation: COPIER, needed only at the answer row,
+    collapses the task under mean-readout as under mean; MARKER, needed only at the context
+    rows, collapses it under mean (its mean lands at the value's row) and not under
+    mean-readout, which leaves the context rows alone."""
+    from headhunt.heads.evaluations.task_ablation import ablation, reference_means
+
+    m = relay_model()
+    enc = Encoder(m.tokenizer, m.max_context)
+    encoded = [enc.encode(e) for e in planted_examples(12)]
+    evals, ref = encoded[:6], encoded[6:]  # every value once among the evaluated
+    seqs = [(e.ids, e.answer_start) for e in evals]
+    rows = [e.question[0] for e in evals]
+    means = reference_means(m, [e.ids for e in ref], [e.question[0] for e in ref])
+    assert all(answers_right(m, seqs))
+
+    def kept(heads, mode):
+        return sum(answers_right(m, seqs, ablation(heads, mode, means), 4, rows))
+
+    # a constant mean in place of a copied value: one answer for every example, right once
+    assert kept([COPIER], "mean-readout") <= 1 and kept([COPIER], "zero-readout") == 0
+    assert kept([COPIER], "mean") <= 1
+    assert kept([MARKER], "mean") <= 1 and kept([MARKER], "zero") == 0
+    assert kept([MARKER], "mean-readout") == 6 and kept([MARKER], "zero-readout") == 6
+    assert kept([MARKER, READER, (1, 3)], "mean-readout") == 6
+
+
+def test_mean_readout_leaves_every_context_row_output_untouched():
+    """With every head of both layers mean-ablated at the readout rows, each layer's output
+    at the context rows (before the question) equals the unablated model's, bit for bit;
+    the question rows' outputs change."""
+    from headhunt.heads.evaluations.task_ablation import ablation, reference_means
+
+    m = relay_model()
+    enc = Encoder(m.tokenizer, m.max_context)
+    e, *ref = [enc.encode(x) for x in planted_examples(4)]
+    means = reference_means(m, [r.ids for r in ref], [r.question[0] for r in ref])
+    seen: dict[bool, dict[int, torch.Tensor]] = {False: {}, True: {}}
+
+    class Record(AttentionHook):
+        def __init__(self, ablated):
+            self.ablated = ablated
+
+        def after(self, call, output):
+            seen[self.ablated][call.layer] = output[0].clone()
+            return output
+
+    every = [(la, h) for la in range(2) for h in range(4)]
+    hooks = ablation(every, "mean-readout", means)
+    for ablated, extra in ((False, []), (True, hooks)):
+        answers_right(m, [(e.ids, e.answer_start)], [*extra, Record(ablated)], 1,
+                      [e.question[0]])  # fmt: skip
+    q = e.question[0]
+    for la in range(2):
+        assert torch.equal(seen[True][la][:q], seen[False][la][:q])
+        assert not torch.equal(seen[True][la][q:], seen[False][la][q:])
+
+
 def test_hard_multidoc_defeats_word_overlap():
     """The paraphrased question shares no attribute word with the evidence, and a distractor
     with the same full name ties it lexically: BM25 cannot be perfect."""
@@ -251,7 +359,8 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     data = tmp_path / "task.jsonl"
     data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
     cfg = {"input": str(data), "score_examples": 3, "ks": [1, 2, 8], "random_draws": 2,
-           "modes": ["zero", "mean", "mean-keep-first"], "batch_size": 4}  # fmt: skip
+           "modes": ["zero", "mean", "mean-keep-first", "mean-readout"],
+           "batch_size": 4}  # fmt: skip
     run = hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
     import pandas as pd
 
@@ -270,7 +379,7 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     # head the task needs): every such draw keeps the task; draws from all heads may not.
     conditions = {c["name"]: c for c in read_jsonl(run.path / "conditions.jsonl")}
     outside = [c for n, c in conditions.items() if n.startswith("outside/")]
-    assert len(outside) == 3 * 3 * 2 * 2  # detector x mode x k x draw (none at k = 8 of 8)
+    assert len(outside) == 3 * 4 * 2 * 2  # detector x mode x k x draw (none at k = 8 of 8)
     for name, c in conditions.items():
         if name.startswith("outside/"):
             _, d, mode, k, _ = name.split("/")
@@ -355,8 +464,8 @@ def test_specificity_ablates_with_the_closed_book_mean(planted, tmp_path, monkey
     made, used = [], []
     real_means, real_ablation = A.reference_means, A.ablation
 
-    def spy_means(model, seqs):
-        made.append((seqs, real_means(model, seqs)))
+    def spy_means(model, seqs, *rows):
+        made.append((seqs, real_means(model, seqs, *rows)))
         return made[-1][1]
 
     def spy_ablation(heads, mode, means):
