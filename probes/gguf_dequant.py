@@ -18,6 +18,9 @@ Block layouts: https://github.com/ggml-org/ggml/blob/master/src/ggml-common.h an
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -183,11 +186,52 @@ def one_thread():
             torch.set_num_threads(threads)
 
 
-def dequantize(data: np.ndarray, qtype: int) -> Float[Tensor, "*dims"] | None:
-    """``gguf.dequantize(data, qtype)`` as a float32 torch tensor, bit for bit, for the block
-    types in :data:`SUPPORTED`; None for any other type, or a tensor with a NaN or infinite
-    float16 scale (the caller asks gguf-py). ``data`` is the tensor's bytes as gguf-py's reader
-    presents them (uint8, last axis in bytes)."""
+# Blocks per piece of a tensor (:func:`pieces`): ~4M values (16 MiB of float32), so that a large
+# tensor (a 151k-token embedding: 233M values) keeps every thread of a load's pool busy.
+_PIECE_VALUES = 1 << 22
+
+
+# madvise's MADV_POPULATE_WRITE (Linux 5.14 and later): fault a range in, writable, at once.
+_POPULATE_WRITE = 23
+_libc_madvise: list = []  # [madvise] once looked up; [None] where there is none to call
+
+
+def _madvise():
+    """libc's ``madvise`` through ctypes (a foreign call releases the GIL, where ``mmap``'s
+    method holds it), on Linux; None elsewhere or where a call has failed (an older kernel
+    refuses the advice with EINVAL: pages then fault in as they are written)."""
+    if not _libc_madvise:
+        try:
+            found = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
+        except (AttributeError, OSError):
+            found = None
+        if found is not None:
+            found.argtypes, found.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], int
+        _libc_madvise.append(found)
+    return _libc_madvise[0]
+
+
+def _populate(fresh: Tensor) -> None:
+    """Have the kernel hand out ``fresh``'s pages (a contiguous tensor, not yet written) in one
+    call rather than one page fault at a time as the values are written: the same zeroed
+    pages, with about a sixth less of the kernel's time (at 1.5B float32 parameters the page
+    faults are about half of a load's dequantisation CPU time). Best effort: where the advice
+    is refused, nothing changes but the time."""
+    madvise = _madvise()
+    if madvise is None or fresh.numel() == 0:
+        return
+    start = fresh.data_ptr()
+    first = start - start % mmap.PAGESIZE  # the page holding the tensor's first byte
+    if madvise(first, start + fresh.nbytes - first, _POPULATE_WRITE) != 0:
+        _libc_madvise[0] = None  # not on this kernel: no more tries
+
+
+def pieces(data: np.ndarray, qtype: int) -> tuple[Tensor, list[Callable[[], bool]]] | None:
+    """A tensor's float32 output, not yet written, and the pieces of work that fill it: each
+    fills its own run of blocks (of about :data:`_PIECE_VALUES` values) and returns False,
+    writing nothing, where one of its float16 scales is NaN or infinite. Pieces run in any
+    order, on any thread: a block's values depend on its bytes alone. None for a type not in
+    :data:`SUPPORTED`. ``data``: as for :func:`dequantize`."""
     if int(qtype) not in SUPPORTED or data.dtype != np.uint8 or data.ndim < 1:
         return None
     values, size, scales, factors, fill = SUPPORTED[int(qtype)]
@@ -197,15 +241,37 @@ def dequantize(data: np.ndarray, qtype: int) -> Float[Tensor, "*dims"] | None:
     with warnings.catch_warnings():  # a read-only (mapped) array: it is only read here
         warnings.simplefilter("ignore", UserWarning)
         blocks = torch.from_numpy(np.ascontiguousarray(data).reshape(-1, size))
-    if not all(_f16(blocks, at).isfinite().all() for at in scales):
-        # NaN op NaN returns one operand's payload, numpy's and torch's kernels not always the
-        # same one: a tensor with a non-finite scale (a damaged file) is left to gguf-py.
+    out = torch.empty(len(blocks), values, dtype=torch.float32)
+    step, per_piece = max(1, _GROUP_VALUES // values), max(1, _PIECE_VALUES // values)
+
+    def piece(start: int) -> Callable[[], bool]:
+        def run() -> bool:
+            part, into = blocks[start : start + per_piece], out[start : start + per_piece]
+            if not all(_f16(part, at).isfinite().all() for at in scales):
+                # NaN op NaN returns one operand's payload, numpy's and torch's kernels not
+                # always the same one: a tensor with a non-finite scale (a damaged file) is
+                # left to gguf-py.
+                return False
+            _populate(into)
+            with one_thread():
+                per_block = factors(part)
+                for at in range(0, len(part), step):
+                    group = slice(at, at + step)
+                    fill(part[group], into[group], *(f[group] for f in per_block))
+            return True
+
+        return run
+
+    return out.view(shape), [piece(start) for start in range(0, len(blocks), per_piece)]
+
+
+def dequantize(data: np.ndarray, qtype: int) -> Float[Tensor, "*dims"] | None:
+    """``gguf.dequantize(data, qtype)`` as a float32 torch tensor, bit for bit, for the block
+    types in :data:`SUPPORTED`; None for any other type, or a tensor with a NaN or infinite
+    float16 scale (the caller asks gguf-py). ``data`` is the tensor's bytes as gguf-py's reader
+    presents them (uint8, last axis in bytes). Its :func:`pieces`, one after the other."""
+    planned = pieces(data, qtype)
+    if planned is None:
         return None
-    with one_thread():
-        per_block = factors(blocks)
-        out = torch.empty(len(blocks), values, dtype=torch.float32)
-        step = max(1, _GROUP_VALUES // values)
-        for start in range(0, len(blocks), step):
-            part = slice(start, start + step)
-            fill(blocks[part], out[part], *(f[part] for f in per_block))
-    return out.view(shape)
+    out, work = planned
+    return out if all(run() for run in work) else None

@@ -225,9 +225,10 @@ def state_dict(path: Path, recipe: Recipe, dtype, on_tensor=None) -> dict:
     ``on_tensor(i, n)`` is called after each tensor (a progress line).
 
     With :func:`load_threads` above one, the dequantisation runs on that many Python threads,
-    each tensor whole on one of them with torch on one thread inside it (torch's and numpy's
-    operations release the GIL, and the kernel's page faults for different tensors' fresh
-    memory then run side by side too); the rest of the loop (process, rename, cast) runs here,
+    in pieces of a few million values (a large tensor on all of them at once; see
+    :func:`_work`), with torch on one thread inside each (torch's and numpy's operations
+    release the GIL, and the kernel's page faults for the fresh memory then run side by side
+    too); the rest of the loop (process, rename, cast) runs here,
     in the file's order, as each tensor's values arrive. Every tensor goes through the same
     operations as on one thread, so the values are the same bits."""
     import numpy as np
@@ -274,26 +275,68 @@ def _torch_on_one_thread() -> None:
         torch.set_num_threads(1)
 
 
+def _work(blob, entry: TensorEntry):
+    """A tensor's dequantisation as pieces for the pool: (pieces, finish); each piece a
+    callable, ``finish`` given their results in order returns the float32 values (numpy). A
+    block type :mod:`headhunt.probes.gguf_dequant` handles is split into runs of blocks (so
+    that one large tensor keeps every thread busy); any other tensor is one piece."""
+    from gguf import GGMLQuantizationType
+
+    from headhunt.probes import gguf_dequant
+
+    data = tensor_data(blob, entry)
+    planned = gguf_dequant.pieces(data, entry.ggml_type)
+    if planned is None:
+        return [lambda: _dequantized(blob, entry)], lambda results: results[0]
+    out, work = planned
+
+    def finish(results: list[bool]):
+        if all(results):
+            return out.numpy()  # the same memory: torch.from_numpy in state_dict copies nothing
+        return dequantize(data, GGMLQuantizationType(entry.ggml_type))  # a non-finite scale
+
+    return work, finish
+
+
+def _in_pool(piece):
+    """One piece of a tensor's dequantisation, run on a pool thread."""
+    return piece()
+
+
 def _dequantized_in_pool(blob, entries: list[TensorEntry], threads: int):
-    """Each tensor's dequantised values, in the file's order, computed ``threads`` at a time.
-    At most ``2 * threads`` tensors are ahead of the caller (a bfloat16 load holds no more
-    float32 tensors than that); an error in one is raised here, after the pool has stopped."""
+    """Each tensor's dequantised values, in the file's order, computed in pieces ``threads`` at
+    a time (:func:`_work`). Tensors are queued until ``2 * threads`` pieces wait behind the one
+    the caller takes next (a bfloat16 load holds few float32 tensors at once); an error in one
+    is raised here, after the pool has stopped."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     ahead = 2 * threads
     with ThreadPoolExecutor(threads, initializer=_torch_on_one_thread) as pool:
-        pending: deque = deque()
+        pending: deque = deque()  # (futures, finish) per tensor, in the file's order
+        queued = 0  # futures in pending
+
+        def take():
+            nonlocal queued
+            futures, finish = pending[0]
+            results = [future.result() for future in futures]  # an error: still pending
+            pending.popleft()
+            queued -= len(futures)
+            return finish(results)
+
         try:
             for entry in entries:
-                pending.append(pool.submit(_dequantized, blob, entry))
-                if len(pending) >= ahead:
-                    yield pending.popleft().result()
+                work, finish = _work(blob, entry)
+                pending.append(([pool.submit(_in_pool, piece) for piece in work], finish))
+                queued += len(work)
+                while pending and queued - len(pending[0][0]) >= ahead:
+                    yield take()
             while pending:
-                yield pending.popleft().result()
+                yield take()
         finally:
-            for future in pending:
-                future.cancel()
+            for futures, _ in pending:
+                for future in futures:
+                    future.cancel()
 
 
 def _add_tensor(

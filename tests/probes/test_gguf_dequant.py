@@ -46,6 +46,8 @@ def test_every_type_is_gguf_py_bit_for_bit_on_planted_blocks(qtype, monkeypatch)
     _same(_planted(rng, qtype, rows=37, blocks_per_row=3), qtype)
     monkeypatch.setattr(gguf_dequant, "_GROUP_VALUES", 100)  # groups of a few blocks
     _same(_planted(rng, qtype, rows=5, blocks_per_row=7), qtype)
+    monkeypatch.setattr(gguf_dequant, "_PIECE_VALUES", 700)  # pieces of a few groups
+    _same(_planted(rng, qtype, rows=5, blocks_per_row=7), qtype)
     _same(_planted(rng, qtype, rows=1, blocks_per_row=1)[0], qtype)  # one dimension
 
 
@@ -80,3 +82,22 @@ def test_it_writes_into_one_tensor_and_reads_a_read_only_mapping(tmp_path):
     out = gguf_dequant.dequantize(mapped, 12)
     assert isinstance(out, torch.Tensor) and out.is_contiguous() and out.shape == (8, 512)
     assert out.numpy().tobytes() == dequantize(data, GGMLQuantizationType.Q4_K).tobytes()
+
+
+@pytest.mark.parametrize("qtype", [12, 14], ids=["Q4_K", "Q6_K"])
+def test_pieces_run_in_any_order_fill_the_tensor_and_refuse_a_non_finite_scale(qtype, monkeypatch):
+    rng = np.random.default_rng(4)
+    size, scales = gguf_dequant.SUPPORTED[qtype][1:3]
+    data = _planted(rng, qtype, rows=6, blocks_per_row=5)
+    monkeypatch.setattr(gguf_dequant, "_PIECE_VALUES", 256 * 4)  # 4 blocks a piece: 8 pieces
+    out, work = gguf_dequant.pieces(data, qtype)
+    assert len(work) == 8
+    assert all(run() for run in reversed(work))
+    assert out.numpy().tobytes() == dequantize(data, GGMLQuantizationType(qtype)).tobytes()
+    spoiled = data.copy()  # a NaN scale in the last block: the last piece alone refuses
+    at = spoiled.shape[1] - size + scales[-1]
+    spoiled[-1, at : at + 2] = np.array(
+        [0x7E00], dtype=np.uint16
+    ).view(np.uint8)
+    out, work = gguf_dequant.pieces(spoiled, qtype)
+    assert [run() for run in work] == [True] * 7 + [False]

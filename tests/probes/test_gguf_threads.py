@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf_fixtures import write_tiny_gguf
 
-from headhunt.probes import gguf_weights
+from headhunt.probes import gguf_dequant, gguf_weights
 
 
 @pytest.fixture
@@ -45,27 +45,51 @@ def _in_a_new_thread(fn):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_pool_gives_the_one_thread_state_dict_bit_for_bit(tiny, monkeypatch, dtype):
+@pytest.mark.parametrize("piece", [None, 64], ids=["whole", "split"])
+def test_a_pool_gives_the_one_thread_state_dict_bit_for_bit(tiny, monkeypatch, dtype, piece):
     path, recipe = tiny
     monkeypatch.setattr(gguf_weights, "load_threads", lambda: 1)
     alone = gguf_weights.state_dict(path, recipe, dtype)
     seen = []
-    dequantized = gguf_weights._dequantized
+    in_pool = gguf_weights._in_pool
 
-    def watched(blob, entry):
+    def watched(work):
         seen.append((threading.get_ident(), torch.get_num_threads()))
-        return dequantized(blob, entry)
+        return in_pool(work)
 
-    monkeypatch.setattr(gguf_weights, "_dequantized", watched)
+    monkeypatch.setattr(gguf_weights, "_in_pool", watched)
     monkeypatch.setattr(gguf_weights, "load_threads", lambda: 3)
+    if piece is not None:  # pieces of 64 values: every quantised tensor in several
+        monkeypatch.setattr(gguf_dequant, "_PIECE_VALUES", piece)
     pooled = gguf_weights.state_dict(path, recipe, dtype)
     assert list(pooled) == list(alone)  # the same names, in the file's order
     for name, tensor in pooled.items():
         assert (tensor.dtype, tensor.shape) == (alone[name].dtype, alone[name].shape), name
         assert _bits(tensor) == _bits(alone[name]), name
-    assert len(seen) == len(recipe.tensors) == 21  # untied: output.weight too
+    assert len(recipe.tensors) == 21  # untied: output.weight too
+    if piece is None:  # each tensor of the tiny file is one piece
+        assert len(seen) == 21
+    else:
+        assert len(seen) > 2 * 21
     assert threading.get_ident() not in {ident for ident, _ in seen}
     assert {threads for _, threads in seen} == {1}
+
+
+def test_a_split_tensor_with_a_non_finite_scale_is_left_to_gguf_py(monkeypatch):
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize
+
+    from headhunt.probes.tiny import random_kquant_blocks
+
+    data = random_kquant_blocks(np.random.default_rng(5), 6, 1024, GGMLQuantizationType.Q4_K)
+    data[5, -144:-142] = np.array([0x7E00], dtype=np.uint16).view(np.uint8)  # a NaN d, last
+    entry = gguf_weights.TensorEntry("blk.0.attn_q.weight", 12, (1024, 6), 0)
+    monkeypatch.setattr(gguf_dequant, "_PIECE_VALUES", 256 * 4)
+    work, finish = gguf_weights._work(data.reshape(-1), entry)
+    assert len(work) == 6
+    values = finish([run() for run in work])
+    theirs = dequantize(data, GGMLQuantizationType.Q4_K)
+    assert np.isnan(values).any() and values.tobytes() == theirs.tobytes()
 
 
 def test_the_callers_thread_count_is_kept_through_a_pooled_load(tiny, monkeypatch, torch_threads):
@@ -81,15 +105,15 @@ def test_an_error_in_one_tensor_stops_the_pool_and_keeps_the_thread_count(
     tiny, monkeypatch, torch_threads
 ):
     path, recipe = tiny
-    dequantized, calls = gguf_weights._dequantized, []
+    in_pool, calls = gguf_weights._in_pool, []
 
-    def fails_on_the_fifth(blob, entry):
-        calls.append(entry.name)
+    def fails_on_the_fifth(work):
+        calls.append(work)
         if len(calls) == 5:
             raise RuntimeError("planted")
-        return dequantized(blob, entry)
+        return in_pool(work)
 
-    monkeypatch.setattr(gguf_weights, "_dequantized", fails_on_the_fifth)
+    monkeypatch.setattr(gguf_weights, "_in_pool", fails_on_the_fifth)
     monkeypatch.setattr(gguf_weights, "load_threads", lambda: 2)
     torch.set_num_threads(2)
     before = threading.active_count()
