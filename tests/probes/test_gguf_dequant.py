@@ -6,6 +6,8 @@ tiny GGUFs and of both bundled models through the same path."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -96,8 +98,41 @@ def test_pieces_run_in_any_order_fill_the_tensor_and_refuse_a_non_finite_scale(q
     assert out.numpy().tobytes() == dequantize(data, GGMLQuantizationType(qtype)).tobytes()
     spoiled = data.copy()  # a NaN scale in the last block: the last piece alone refuses
     at = spoiled.shape[1] - size + scales[-1]
-    spoiled[-1, at : at + 2] = np.array(
-        [0x7E00], dtype=np.uint16
-    ).view(np.uint8)
+    spoiled[-1, at : at + 2] = np.array([0x7E00], dtype=np.uint16).view(np.uint8)
     out, work = gguf_dequant.pieces(spoiled, qtype)
     assert [run() for run in work] == [True] * 7 + [False]
+
+
+def test_without_the_page_advice_the_values_are_the_same(monkeypatch):
+    """Where madvise's MADV_POPULATE_WRITE is refused (Linux before 5.14) or absent (not
+    Linux), pages fault in as written: the same bits, and no further call after a refusal."""
+    rng = np.random.default_rng(6)
+    data = _planted(rng, 12, rows=64, blocks_per_row=16)  # 1 MiB of float32 values
+    want = dequantize(data, GGMLQuantizationType.Q4_K).tobytes()
+    calls = []
+
+    def refused(address, length, advice):
+        calls.append((address, length, advice))
+        return -1  # EINVAL
+
+    monkeypatch.setattr(gguf_dequant, "_PIECE_VALUES", 256 * 256)  # four pieces
+    monkeypatch.setattr(gguf_dequant, "_libc_madvise", [refused])
+    assert gguf_dequant.dequantize(data, 12).numpy().tobytes() == want
+    assert len(calls) == 1 and calls[0][2] == 23 and calls[0][0] % 4096 == 0
+    assert gguf_dequant._libc_madvise == [None]
+    monkeypatch.setattr(gguf_dequant, "_libc_madvise", [None])  # nothing to call
+    assert gguf_dequant.dequantize(data, 12).numpy().tobytes() == want
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
+def test_the_advice_faults_the_pages_in_before_they_are_written(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(gguf_dequant, "_libc_madvise", [])  # looked up afresh
+    fresh = torch.empty(1 << 24, dtype=torch.float32)  # 64 MiB, not yet touched
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    gguf_dequant._populate(fresh)
+    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    if gguf_dequant._libc_madvise == [None]:
+        pytest.skip("this kernel refuses MADV_POPULATE_WRITE (before Linux 5.14)")
+    assert faulted >= (1 << 26) // 4096 // 2  # at least half its pages (a few may be huge)
