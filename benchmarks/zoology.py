@@ -24,11 +24,15 @@ Every (model, width, learning rate) trains in its own process, all at once on th
 set) is reported, as Zoology reports the best of its sweep.
 
 Run on the GPU machine: python3 benchmarks/zoology.py OUT.json [--seconds S] [--deadline D]
-[--smoke] [--only attention,hybrid] [--widths 64,128] [--lrs 0.001] [--seed 0] (S: training
-seconds per model; D: the whole script's limit, after which running workers are killed; --only /
---widths: a comma-separated subset of the models / widths, to split the sweep over calls; --lrs:
-these learning rates for every model chosen, in place of the defaults; --seed: initialisation
-and batch order). OUT is rewritten
+[--smoke] [--only attention,hybrid] [--widths 64,128] [--lrs 0.001] [--seed 0,1] [--heads 8,16]
+(S: training seconds per model; D: the whole script's limit, after which running workers are
+killed; --only / --widths: a comma-separated subset of the models / widths, to split the sweep
+over calls; --lrs: these learning rates for every model chosen, in place of the defaults;
+--seed: initialisation and batch order, one run per seed; --heads: attention heads per layer,
+one run per count, head size = width / heads). With ZOOLOGY_SAVE=DIR set, each trained model is
+rounded to float16 and written to DIR before it is evaluated and analysed (every number of that
+run is then of the saved weights; ``accuracy_float32`` keeps the test accuracy before rounding).
+OUT is rewritten
 whenever a run finishes or a worker validates (every 250 steps: a run killed at the deadline
 keeps its curve; the report: benchmarks/zoology_report.py).
 """
@@ -54,6 +58,7 @@ BATCH = 256
 WARMUP_STEPS = 100
 EVAL_EVERY = 250  # steps between validations (the only host synchronisations)
 SOLVED = 0.995  # validation accuracy at every test pair count that stops training
+CURVE_SETS = 20  # random sets of k heads per k in the graded masking (all of them where fewer)
 ARCHS = {
     "attention": ("lfm2", ("full_attention", "full_attention")),
     "hybrid": ("lfm2", ("conv", "full_attention")),
@@ -65,15 +70,22 @@ LRS = (1e-3, 3.2e-3)  # the two lowest of logspace(-3, -1.5, 4)
 
 
 def jobs(
-    smoke: bool, widths: tuple[int, ...] = WIDTHS, lrs: tuple[float, ...] | None = None, seed=0
+    smoke: bool,
+    widths: tuple[int, ...] = WIDTHS,
+    lrs: tuple[float, ...] | None = None,
+    seeds: tuple[int, ...] = (0,),
+    heads: tuple[int, ...] = (HEADS,),
 ) -> list[dict]:
     if smoke:
-        smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2, "seed": seed}
+        smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
         return [
-            {"arch": a, "width": w, **smoke_job, **({"lr": lr} if lrs else {})}
+            {"arch": a, "width": w, **smoke_job, **({"lr": lr} if lrs else {}), "seed": seed}
+            | {"heads": h}
             for a in ARCHS
             for w in widths[:1]
             for lr in (lrs or (None,))
+            for seed in seeds
+            for h in heads
         ]
     out = []
     for arch in ARCHS:
@@ -83,8 +95,11 @@ def jobs(
             # launch-bound: one rate each, so it does not starve the other processes.
             default = LRS[1:] if arch in ("gated conv", "mamba2") else LRS
             for lr in lrs or default:
-                job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH, "probe": 256}
-                out.append({**job, "eval_every": EVAL_EVERY, "seed": seed})
+                for h in heads if arch != "mamba2" else (HEADS,):  # Mamba2's heads are its own
+                    for seed in seeds:
+                        job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH}
+                        job |= {"probe": 256, "eval_every": EVAL_EVERY, "seed": seed, "heads": h}
+                        out.append(job)
     return out
 
 
@@ -107,8 +122,9 @@ def make_data(path: Path, smoke: bool) -> float:
     each = 512 if smoke else TRAIN_EACH
     chunks = 8 if not smoke else 1  # examples per pair count, generated in parallel chunks
     work = [(n, each // chunks, 1000 * n + c) for n in TRAIN_PAIRS for c in range(chunks)]
-    work += [(n, VAL_EXAMPLES, 10**6 + n) for n in TEST_PAIRS]
-    work += [(n, TEST_EXAMPLES, 2 * 10**6 + n) for n in TEST_PAIRS]
+    n_val, n_test = (32, 64) if smoke else (VAL_EXAMPLES, TEST_EXAMPLES)  # smoke: a CPU check
+    work += [(n, n_val, 10**6 + n) for n in TEST_PAIRS]
+    work += [(n, n_test, 2 * 10**6 + n) for n in TEST_PAIRS]
     with mp.get_context("spawn").Pool(min(len(work), os.cpu_count() or 1)) as pool:
         done = pool.map(_generate, work)
     n_train = len(TRAIN_PAIRS) * chunks
@@ -132,7 +148,7 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
         seq_len=SEQ,
         d_model=job["width"],
         n_layers=2,
-        n_heads=HEADS,
+        n_heads=job.get("heads", HEADS),
         family=family,
         layer_types=layers,
         lr=job["lr"],
@@ -180,14 +196,23 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
     return model, cfg, log
 
 
+def curve_ks(n_heads: int) -> list[int]:
+    """The graded masking's k: 1 to 8 heads, then a few more up to every attention head."""
+    return sorted(
+        {*range(1, min(8, n_heads) + 1), *(k for k in (12, 16, 24) if k < n_heads)} | {n_heads}
+    )
+
+
 def analyse(model, cfg, data: dict, pairs: int, examples: int, n_random: int = 10) -> dict:
     """headhunt on a trained model with attention layers: recall heads (query -> value
     attention), their induction scores, and masking the top 1 / 2 heads against ``n_random``
-    sets of as many other attention heads, and every attention head at once."""
+    sets of as many other attention heads, and every attention head at once; then the graded
+    curve (``masking_curve``): the top k by query -> value against ``CURVE_SETS`` random sets
+    of k heads drawn from every attention head, k = ``curve_ks``."""
     import numpy as np
     import torch
 
-    from headhunt.heads.mqar import masking_check, score_recall_heads
+    from headhunt.heads.mqar import masking_check, masking_curve, score_recall_heads
     from headhunt.heads.mqar_train import mqar_tokenizer
     from headhunt.heads.ngram import NgramConfig, score_sequences
     from headhunt.probes.hooked import HookedModel
@@ -196,7 +221,9 @@ def analyse(model, cfg, data: dict, pairs: int, examples: int, n_random: int = 1
     probe = data["test"][pairs].slice(slice(0, examples))
     scores, base = score_recall_heads(hm, probe, batch_size=64)
     q2v = scores.matrix("query_to_value")
-    ranked = [(int(r.layer), int(r.head)) for r in scores.top("query_to_value", 8).itertuples()]
+    n_attention = len(hm.attention_layers) * hm.n_heads
+    top = scores.top("query_to_value", n_attention)
+    ranked = [(int(r.layer), int(r.head)) for r in top.itertuples()]
     g = torch.Generator().manual_seed(0)
     half = torch.randint(1, VOCAB, (32, 64), generator=g)
     recs = score_sequences(
@@ -215,6 +242,8 @@ def analyse(model, cfg, data: dict, pairs: int, examples: int, n_random: int = 1
         }
     every = [(la, h) for la in hm.attention_layers for h in range(hm.n_heads)]
     all_masked = masking_check(hm, probe, every, n_random=0, batch_size=64)["masked"]
+    ks = curve_ks(n_attention)
+    curve = masking_curve(hm, probe, ranked, ks, n_random=CURVE_SETS, batch_size=64, seed=pairs)
     return {
         "attention_layers": hm.attention_layers,
         "layer_kinds": hm.layer_kinds,
@@ -227,6 +256,7 @@ def analyse(model, cfg, data: dict, pairs: int, examples: int, n_random: int = 1
         "ranked": ranked,
         "masking": masks,
         "all_attention_masked": all_masked,
+        "curve": curve,
     }
 
 
@@ -248,6 +278,12 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
         model, cfg, log = train(job, data, seconds, dev, on_validation=partial)
         run.update(log)
         run["params"] = sum(p.numel() for p in model.parameters())
+        save_dir = os.environ.get("ZOOLOGY_SAVE")
+        if save_dir:  # every number below is then of the saved (float16-rounded) weights
+            run["accuracy_float32"] = {
+                str(n): query_accuracy(model, data["test"][n]) for n in TEST_PAIRS
+            }
+            run["saved"] = save_model(model, cfg, run, Path(save_dir))
         run["val"] = {str(n): query_accuracy(model, data["val"][n]) for n in TEST_PAIRS}
         run["accuracy"] = {str(n): query_accuracy(model, data["test"][n]) for n in TEST_PAIRS}
         write_json(out_path, run)  # keep the accuracy if an analysis fails
@@ -265,6 +301,31 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
     print(summary(run))
 
 
+def model_name(job: dict) -> str:
+    arch = job["arch"].replace(" ", "_")
+    return f"{arch}_w{job['width']}_h{job.get('heads', HEADS)}_lr{job['lr']:g}_s{job['seed']}"
+
+
+def save_model(model, cfg, run: dict, folder: Path) -> str:
+    """Round the trained weights to float16 in place (half the bytes: the device returns files
+    of at most 16 MiB) and write them, with the training config in the file's metadata
+    (``headhunt.heads.mqar_train.MQARTrainConfig``), as ``folder/<name>.safetensors``. The
+    caller measures everything after this on the rounded model, so the file reproduces it."""
+    import torch
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{model_name(run)}.safetensors"
+    state = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}
+    job = {k: run[k] for k in ("arch", "width", "heads", "lr", "seed", "steps") if k in run}
+    meta = {"train": json.dumps(cfg.to_dict()), "job": json.dumps(job)}
+    save_file(state, str(path), metadata=meta)
+    return path.name
+
+
 def write_json(path: str | Path, obj: dict, indent: int | None = None) -> None:
     """Write whole or not at all (the main process reads these files while workers run)."""
     tmp = Path(f"{path}.tmp")
@@ -279,12 +340,13 @@ def summary(run: dict) -> str:
 
 
 def best_runs(runs: list[dict]) -> list[dict]:
-    """Per (arch, width): the learning rate with the best mean validation accuracy."""
+    """Per (arch, width, heads, seed): the learning rate with the best mean validation
+    accuracy."""
     best: dict[tuple, dict] = {}
     for r in runs:
         if "val" not in r or not isinstance(r["val"], dict):
             continue
-        key = (r["arch"], r["width"])
+        key = (r["arch"], r["width"], r.get("heads", HEADS), r.get("seed", 0))
         score = sum(r["val"].values()) / len(r["val"])
         if key not in best or score > best[key]["_score"]:
             best[key] = {**r, "_score": score}
@@ -333,8 +395,14 @@ def main() -> None:
     lrs = None
     if "--lrs" in sys.argv:
         lrs = tuple(float(x) for x in sys.argv[sys.argv.index("--lrs") + 1].split(","))
-    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
-    todo = [j for j in jobs(smoke, widths, lrs, seed) if only is None or j["arch"] in only]
+    seeds = (0,)
+    if "--seed" in sys.argv:
+        seeds = tuple(int(x) for x in sys.argv[sys.argv.index("--seed") + 1].split(","))
+    heads = (HEADS,)
+    if "--heads" in sys.argv:
+        heads = tuple(int(x) for x in sys.argv[sys.argv.index("--heads") + 1].split(","))
+    todo = jobs(smoke, widths, lrs, seeds, heads)
+    todo = [j for j in todo if only is None or j["arch"] in only]
     procs = []
     for i, job in enumerate(todo):
         out = work / f"run{i}.json"
@@ -390,7 +458,8 @@ def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
 def write_result(out_path: Path, result: dict, procs: list, t0: float) -> dict:
     runs = [collect(*p) for p in procs]
     done = [r for r in runs if not r.get("running")]
-    best = [{"arch": r["arch"], "width": r["width"], "lr": r["lr"]} for r in best_runs(done)]
+    keys = ("arch", "width", "heads", "seed", "lr")
+    best = [{k: r[k] for k in keys if k in r} for r in best_runs(done)]
     result = {**result, "runs": runs, "best": best, "total_s": round(time.perf_counter() - t0, 1)}
     write_json(out_path, result, indent=1)
     return result

@@ -13,8 +13,11 @@ the zoology layout). All from per-query log-sum-exp and exact probabilities at t
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,7 @@ __all__ = [
     "generate_mqar",
     "insert_gap",
     "masking_check",
+    "masking_curve",
     "recall_scores",
     "render_mqar",
     "run_mqar",
@@ -245,3 +249,70 @@ def masking_check(
         "random_pool": [r.accuracy_pool for r in rand],
         "random_sets": sets,
     }
+
+
+def masking_curve(
+    model: HookedModel,
+    probe: MQARBatch,
+    ranked: Sequence[Head],
+    ks: Sequence[int],
+    *,
+    n_random: int = 20,
+    mode: str = "query",
+    seed: int = 0,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+    """Graded masking: accuracy with the top ``k`` of ``ranked`` masked, for each ``k`` in
+    ``ks``, against random sets of ``k`` heads drawn from *every* attention head (the ranked ones
+    included: the control is "as many heads, any of them", so at ``k`` = all heads both are the
+    same set). Where there are at most ``n_random`` sets of ``k`` heads, every one is measured
+    (the exact mean over sets); otherwise ``n_random`` distinct sets are drawn.
+
+    Returns a dict: ``baseline``, ``ks``, ``n_heads`` (the attention heads drawn from), and
+    per k: ``top`` (accuracy), ``top_sets``, ``random`` (one accuracy per set),
+    ``random_sets``, ``random_mean``, ``random_sd`` (the spread over sets), ``random_se`` (the
+    standard error of the mean over sets; 0 when every set was measured, since that mean is
+    then exact) and ``exhaustive`` (every set measured). Each distinct set is run once.
+    """
+    pool = [(la, h) for la in model.attention_layers for h in range(model.n_heads)]
+    ranked = [(int(la), int(h)) for la, h in ranked]
+    if any(h not in pool for h in ranked):
+        raise HeadhuntError(f"ranked heads must be attention heads of the model ({ranked})")
+    if not ks or any(k < 1 or k > len(ranked) for k in ks):
+        raise HeadhuntError(f"each k must be 1..{len(ranked)} (the heads ranked); got {list(ks)}")
+    rng = random.Random(seed)
+    measured: dict[tuple[Head, ...], float] = {}
+
+    def acc(heads: Sequence[Head]) -> float:
+        key = tuple(sorted(heads))
+        if key not in measured:
+            hooks = [HeadMask(key, mode)] if key else []  # type: ignore[arg-type]
+            measured[key] = run_mqar(model, probe, batch_size=batch_size, hooks=hooks).accuracy
+        return measured[key]
+
+    out: dict[str, Any] = {"baseline": acc([]), "ks": list(ks), "n_heads": len(pool), "mode": mode}
+    for name in ("top", "top_sets", "random", "random_sets", "random_mean", "random_sd"):
+        out[name] = []
+    out["random_se"], out["exhaustive"] = [], []
+    for k in ks:
+        top = sorted(ranked[:k])
+        if math.comb(len(pool), k) <= n_random:
+            sets = [list(c) for c in combinations(pool, k)]
+        else:
+            seen: set[tuple[Head, ...]] = set()
+            while len(seen) < n_random:
+                seen.add(tuple(sorted(rng.sample(pool, k))))
+            sets = [list(s) for s in sorted(seen)]
+        accs = [acc(s) for s in sets]
+        exhaustive = len(sets) == math.comb(len(pool), k)
+        sd = float(np.std(accs, ddof=1)) if len(accs) > 1 else float("nan")
+        se = 0.0 if exhaustive else sd / math.sqrt(len(accs))
+        out["top"].append(acc(top))
+        out["top_sets"].append(top)
+        out["random"].append(accs)
+        out["random_sets"].append(sets)
+        out["random_mean"].append(float(np.mean(accs)))
+        out["random_sd"].append(sd)
+        out["random_se"].append(se)
+        out["exhaustive"].append(exhaustive)
+    return out

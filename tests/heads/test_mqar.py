@@ -19,6 +19,7 @@ from headhunt.heads.mqar import (
     generate_mqar,
     insert_gap,
     masking_check,
+    masking_curve,
     render_mqar,
     run_mqar,
     score_recall_heads,
@@ -185,6 +186,29 @@ def test_trained_model_recall_is_carried_by_previous_token_and_induction_heads(t
         assert check["random_mean"] > 0.95  # ... not without as many unflagged heads
     everything = masking_check(model, probe, flagged, n_random=0, batch_size=128)
     assert everything["masked"] < 0.1
+
+
+def test_masking_curve_on_planted_heads(trained):
+    """Ground truth as above: ranked by query -> value attention, the top two are the induction
+    heads, and masking them collapses recall where two random heads of the six mostly do not;
+    all six masked is the curve's end for both. Sets are exhaustive where few, distinct else."""
+    model, cfg, _meta = trained
+    probe = generate_mqar(cfg.spec(), 64, seed=12345)
+    recall, _ = score_recall_heads(model, probe, batch_size=64)
+    ranked = [(int(r.layer), int(r.head)) for r in recall.top("query_to_value", 6).itertuples()]
+    assert sorted(ranked[:2]) == [(1, 0), (1, 1)]
+    curve = masking_curve(model, probe, ranked, [1, 2, 6], n_random=10, batch_size=64)
+    assert curve["baseline"] > 0.95 and curve["n_heads"] == 6
+    assert curve["exhaustive"] == [True, False, True]  # 6 singles, 15 pairs > 10, 1 six-set
+    assert len(curve["random_sets"][0]) == 6 and curve["random_se"][0] == 0.0
+    pairs = curve["random_sets"][1]
+    assert len(pairs) == 10 == len({tuple(map(tuple, p)) for p in pairs})
+    assert curve["top"][1] < 0.3 < curve["random_mean"][1]
+    check = masking_check(model, probe, ranked[:2], n_random=0, batch_size=64)
+    assert curve["top"][1] == check["masked"]  # the same masking as the one-shot check
+    assert curve["top"][2] == curve["random"][2][0] < 0.1
+    with pytest.raises(HeadhuntError, match="each k"):
+        masking_curve(model, probe, ranked, [7])
 
 
 def test_insert_gap_shifts_queries():
