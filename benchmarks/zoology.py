@@ -80,7 +80,7 @@ def jobs(
         smoke_job = {"lr": 3.2e-3, "batch": 8, "probe": 16, "eval_every": 2}
         return [
             {"arch": a, "width": w, **smoke_job, **({"lr": lr} if lrs else {}), "seed": seed}
-            | {"heads": h}
+            | {"n_heads": h}
             for a in ARCHS
             for w in widths[:1]
             for lr in (lrs or (None,))
@@ -98,7 +98,7 @@ def jobs(
                 for h in heads if arch != "mamba2" else (HEADS,):  # Mamba2's heads are its own
                     for seed in seeds:
                         job = {"arch": arch, "width": width, "lr": lr, "batch": BATCH}
-                        job |= {"probe": 256, "eval_every": EVAL_EVERY, "seed": seed, "heads": h}
+                        job |= {"probe": 256, "eval_every": EVAL_EVERY, "seed": seed, "n_heads": h}
                         out.append(job)
     return out
 
@@ -148,7 +148,7 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
         seq_len=SEQ,
         d_model=job["width"],
         n_layers=2,
-        n_heads=job.get("heads", HEADS),
+        n_heads=job.get("n_heads", HEADS),
         family=family,
         layer_types=layers,
         lr=job["lr"],
@@ -303,7 +303,7 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
 
 def model_name(job: dict) -> str:
     arch = job["arch"].replace(" ", "_")
-    return f"{arch}_w{job['width']}_h{job.get('heads', HEADS)}_lr{job['lr']:g}_s{job['seed']}"
+    return f"{arch}_w{job['width']}_h{job.get('n_heads', HEADS)}_lr{job['lr']:g}_s{job['seed']}"
 
 
 def save_model(model, cfg, run: dict, folder: Path) -> str:
@@ -320,7 +320,7 @@ def save_model(model, cfg, run: dict, folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{model_name(run)}.safetensors"
     state = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}
-    job = {k: run[k] for k in ("arch", "width", "heads", "lr", "seed", "steps") if k in run}
+    job = {k: run[k] for k in ("arch", "width", "n_heads", "lr", "seed", "steps") if k in run}
     meta = {"train": json.dumps(cfg.to_dict()), "job": json.dumps(job)}
     save_file(state, str(path), metadata=meta)
     return path.name
@@ -346,7 +346,7 @@ def best_runs(runs: list[dict]) -> list[dict]:
     for r in runs:
         if "val" not in r or not isinstance(r["val"], dict):
             continue
-        key = (r["arch"], r["width"], r.get("heads", HEADS), r.get("seed", 0))
+        key = (r["arch"], r["width"], r.get("n_heads", HEADS), r.get("seed", 0))
         score = sum(r["val"].values()) / len(r["val"])
         if key not in best or score > best[key]["_score"]:
             best[key] = {**r, "_score": score}
@@ -401,6 +401,7 @@ def main() -> None:
     heads = (HEADS,)
     if "--heads" in sys.argv:
         heads = tuple(int(x) for x in sys.argv[sys.argv.index("--heads") + 1].split(","))
+    result["heads"] = list(heads)  # attention heads per layer, one run per count
     todo = jobs(smoke, widths, lrs, seeds, heads)
     todo = [j for j in todo if only is None or j["arch"] in only]
     procs = []
@@ -458,7 +459,7 @@ def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
 def write_result(out_path: Path, result: dict, procs: list, t0: float) -> dict:
     runs = [collect(*p) for p in procs]
     done = [r for r in runs if not r.get("running")]
-    keys = ("arch", "width", "heads", "seed", "lr")
+    keys = ("arch", "width", "n_heads", "seed", "lr")
     best = [{k: r[k] for k in keys if k in r} for r in best_runs(done)]
     result = {**result, "runs": runs, "best": best, "total_s": round(time.perf_counter() - t0, 1)}
     write_json(out_path, result, indent=1)
