@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Issue 26's causal check with the readout ablation (mean-readout: the heads' outputs replaced
+# only at the rows from the question's first token through the answer), both real models,
+# plain multidoc and kv, on one lent GPU, in calls that follow each other at once (the machine
+# keeps /tmp between calls). The transfer chain of taskheads_multidoc_gpu.sh: each call carries
+# one folder of the stage (STAGE/cN):
+#   c0: this script, src.tgz (`git archive HEAD` of the package and two benchmarks scripts),
+#       files/ (the wheels gguf, bm25s, plotly; Gemma 3's tokenizer as transformers 5.24 builds
+#       it and its weights' fingerprint: taskheads_gguf_fix.py says why), settings.env, pieces;
+#   every folder: this script and consecutive pieces NAME.NN of the compressed GGUFs (smol:
+#       xz, gemma: gzip), SmolLM2's bytes first (its runs start while Gemma's still travel),
+#       with NAME.npieces in c0. A model whose pieces are all here is joined, SHA-256 checked,
+#       and its runs (one per task, at once) started in the background (setsid: they outlive
+#       the call).
+#   bash STAGE/cN/readout_gpu.sh STAGE/cN            one call's folder
+#   bash STAGE/cN/readout_gpu.sh STAGE/cN wait SECS  then wait for every run, packing what is
+#       there into $OUT every 30 s (a call cut short still returns it; conditions.jsonl grows
+#       one ablation at a time, k ascending)
+# Settings (settings.env): TASKS (multidoc kv), MD_DOCS, MD_WORDS, KV_DOCS, MD_MODES, KV_MODES,
+# EVAL (evaluation examples), SCORE (scoring examples), KS, DRAWS, MODELS (smol gemma).
+#   bash benchmarks/taskheads_readout_gpu.sh stage STAGE SMOL_XZ GEMMA_GZ FILES SETTINGS
+#       (here, not on the GPU machine) lays the folders out; PER (default 47,000,000) bytes a
+#       folder: the call's tree (/work/main's, about 17 MB) and the folder stay under 64 MiB.
+set -u
+if [ "$1" = stage ]; then
+  ST=$2 XZ=$3 GZ=$4 FILES=$5 PER=${PER:-47000000}
+  rm -rf "$ST" && mkdir -p "$ST/c0/files"
+  git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
+    benchmarks/taskheads_report.py | gzip >"$ST/c0/src.tgz"
+  cp "$FILES"/*.json "$FILES"/*.xz "$FILES"/*.whl "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
+  xz=$(stat -c %s "$XZ") gz=$(stat -c %s "$GZ") used=$(du -cb "$ST/c0" | tail -1 | cut -f1)
+  off=0 c=0 ns=0 ng=0
+  while [ $off -lt $((xz + gz)) ]; do
+    room=$((PER - (c == 0 ? used : 0)))
+    end=$((off + room < xz + gz ? off + room : xz + gz))
+    mkdir -p "$ST/c$c"
+    if [ $off -lt "$xz" ]; then
+      e=$((end < xz ? end : xz))
+      tail -c +$((off + 1)) "$XZ" | head -c $((e - off)) >"$ST/c$c/smol.$(printf %02d $ns)"
+      ns=$((ns + 1))
+    fi
+    if [ "$end" -gt "$xz" ]; then
+      s=$((off > xz ? off : xz))
+      tail -c +$((s - xz + 1)) "$GZ" | head -c $((end - s)) >"$ST/c$c/gemma.$(printf %02d $ng)"
+      ng=$((ng + 1))
+    fi
+    off=$end c=$((c + 1))
+  done
+  echo $ns >"$ST/c0/smol.npieces" && echo $ng >"$ST/c0/gemma.npieces"
+  for d in "$ST"/c*; do cp "$0" "$d/readout_gpu.sh"; done
+  du -sb "$ST"/c*
+  exit 0
+fi
+C=$1
+G=${G:-/tmp/thr}
+PY=${PY:-python3}
+SHA_gemma=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+SHA_smol=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+mkdir -p $G/in $G/runs
+# the machine's /tmp/site may hold another helper's packages: ours go elsewhere
+export PYTHONPATH=$G/pkg:$G/site HEADHUNT_CACHE=$G/cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+cp -r "$C"/. $G/in/
+if [ -f $G/in/src.tgz ] && [ ! -d $G/pkg ]; then
+  mkdir -p $G/src $G/pkg && tar -xzf $G/in/src.tgz -C $G/src
+  cp -r $G/src/headhunt $G/pkg/headhunt
+  for d in probes heads kernels sae app; do cp -r $G/src/$d $G/pkg/headhunt/$d; done
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target $G/site $G/in/files/*.whl
+fi
+
+# (Python's gzip and lzma: the machine need not have xz)
+unpack() { $PY -c "import $1, shutil, sys; shutil.copyfileobj($1.open(sys.stdin.buffer), sys.stdout.buffer)"; }
+unzip_gz() { unpack gzip; }
+unxz() { unpack lzma; }
+
+join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
+  local n=$1 sha
+  [ -f $G/$n.gguf ] && return 0
+  [ -f $G/in/$n.npieces ] && [ "$(cat $G/in/$n.npieces)" != 0 ] || return 1
+  [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
+  cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
+  sha=SHA_$n
+  if [ "$(sha256sum $G/$n.tmp | cut -c1-64)" = "${!sha}" ]; then
+    mv $G/$n.tmp $G/$n.gguf && rm -f $G/in/$n.[0-9]* && echo "$n: joined, SHA-256 checked"
+  else
+    echo "$n: the pieces do not match the SHA-256" && rm -f $G/$n.tmp && return 1
+  fi
+}
+
+run_task() {  # run_task NAME TASK: one taskheads run
+  local out=$G/runs/$1-$2 docs words modes
+  if [ "$2" = kv ]; then
+    docs=$KV_DOCS words=10 modes=$KV_MODES
+  else
+    docs=$MD_DOCS words=$MD_WORDS modes=$MD_MODES
+  fi
+  $PY -m headhunt taskheads --model $G/$1.gguf --task "$2" --docs "$docs" --doc-words "$words" \
+    --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$KS" --modes "$modes" \
+    --random-from all,outside --random-draws "$DRAWS" --batch-size 64 --out "$out" --force \
+    >"$out.log" 2>&1
+  echo "exit $?" >>"$out.log"
+}
+
+run_model() {  # run_model NAME: its tasks at once (Gemma: its tokenizer checked first)
+  # shellcheck disable=SC1091
+  . $G/in/settings.env
+  cd /tmp || return
+  if [ "$1" = gemma ]; then
+    (set -o pipefail && $PY $G/src/benchmarks/taskheads_gguf_fix.py $G/gemma.gguf \
+      $G/in/files/gemma_tokenizer.json.xz $G/in/files/gemma_fingerprint.json 2>&1 |
+      grep -v Convert) >$G/runs/gemma-fix.log || { touch $G/runs/$1.done; return; }
+  fi
+  for t in $TASKS; do run_task "$1" "$t" & done
+  wait
+  touch "$G/runs/$1.done"
+}
+
+pack() {  # what is there so far, into $OUT (examples.jsonl left out: large, rebuilt by a run)
+  cd $G/runs || return
+  for m in smol gemma; do
+    ls -d "$m"-* >/dev/null 2>&1 || continue
+    tar -czf "$OUT/$m-readout.tgz.tmp" --exclude examples.jsonl --exclude taskheads.html \
+      $(ls -d "$m"-*) && mv "$OUT/$m-readout.tgz.tmp" "$OUT/$m-readout.tgz"
+  done
+  nvidia-smi -L >"$OUT/card.txt" 2>&1
+  cd - >/dev/null || return
+}
+
+join smol unxz
+join gemma unzip_gz
+for m in smol gemma; do
+  if [ -f $G/$m.gguf ] && [ -d $G/pkg ] && [ ! -f $G/runs/$m.started ]; then
+    touch $G/runs/$m.started
+    export -f run_model run_task
+    export G PY
+    setsid nohup bash -c "run_model $m" >$G/runs/$m-chain.log 2>&1 &
+    echo "started $m"
+  fi
+done
+echo "pieces here: $(cd $G/in && ls smol.[0-9]* gemma.[0-9]* 2>/dev/null | tr '\n' ' ')"
+. $G/in/settings.env
+for f in $G/runs/*-*.log; do
+  [ -f "$f" ] && echo "$f: $(wc -l <"${f%.log}/conditions.jsonl" 2>/dev/null) conditions"
+done
+if [ "${2:-}" = wait ]; then
+  for i in $(seq 1 "${3:-540}"); do
+    [ $((i % 30)) = 0 ] && pack
+    busy=0
+    for m in ${MODELS:-smol gemma}; do [ -f "$G/runs/$m.done" ] || busy=1; done
+    [ $busy = 0 ] && break
+    sleep 1
+  done
+  pack
+  for f in $G/runs/*.log; do echo "== $f"; grep -v "Convert\|it/s\]" "$f" | tail -3; done
+  ls -la "$OUT"
+fi
