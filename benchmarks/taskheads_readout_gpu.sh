@@ -139,8 +139,8 @@ for m in smol gemma; do
 done
 echo "pieces here: $(cd $G/in && ls smol.[0-9]* gemma.[0-9]* 2>/dev/null | tr '\n' ' ')"
 . $G/in/settings.env
-for f in $G/runs/*-*.log; do
-  [ -f "$f" ] && echo "$f: $(wc -l <"${f%.log}/conditions.jsonl" 2>/dev/null) conditions"
+for d in $G/runs/*/; do
+  [ -f "$d/conditions.jsonl" ] && echo "$d: $(wc -l <"$d/conditions.jsonl") conditions"
 done
 if [ "${2:-}" = wait ]; then
   for i in $(seq 1 "${3:-540}"); do
