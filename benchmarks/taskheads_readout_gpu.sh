@@ -20,7 +20,7 @@
 # EVAL (evaluation examples), SCORE (scoring examples), KS, DRAWS, MODELS (smol gemma).
 #   bash benchmarks/taskheads_readout_gpu.sh stage STAGE SMOL_XZ GEMMA_GZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out; PER (default 47,000,000) bytes a
-#       folder: the call's tree (/work/main's, about 17 MB) and the folder stay under 64 MiB.
+#       folder: the call's tree (the repository's, about 17 MB) and the folder stay under 64 MiB.
 set -u
 if [ "$1" = stage ]; then
   ST=$2 XZ=$3 GZ=$4 FILES=$5 PER=${PER:-47000000}
