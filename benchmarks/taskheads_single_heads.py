@@ -50,7 +50,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--mode", default="mean", choices=("mean", "mean-keep-first", "zero"))
+    from headhunt.heads.evaluations.task_modes import MODES
+
+    ap.add_argument("--mode", default="mean", choices=tuple(MODES))
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--layers", default="", help="LAYER,...: only these layers' heads")
@@ -65,6 +67,7 @@ def main() -> None:
     config = TaskHeadsConfig.from_dict(params)
     if args.batch_size:
         config.batch_size = args.batch_size
+    config.modes = [args.mode]  # (a run from before mean-readout is refused in one line)
     model = load_model(args.model)
     examples = config.load()
     encoder = Encoder(model.tokenizer, model.max_context)
