@@ -20,9 +20,15 @@ TRAINED_AT = 0.95  # test accuracy at 16 and 64 pairs for a hybrid to count as t
 MARGIN, N_SE = 0.2, 3  # "far more than random": this much lower, and beyond this many s.e.
 
 
+def width_heads(name: str) -> tuple[int, int]:
+    """``hybrid_w256_h8_lr0.001_s0.safetensors`` -> (256, 8)."""
+    width = int(name.split("_w")[1].split("_")[0])
+    return width, int(name.split("_h")[1].split("_")[0])
+
+
 def design(name: str) -> str:
-    """``hybrid_w256_h8_lr0.001_s0.safetensors`` -> ``8 heads``."""
-    return f"{name.split('_h')[1].split('_')[0]} heads"
+    width, heads = width_heads(name)
+    return f"width {width}, {heads} heads"
 
 
 def seed(name: str) -> int:
@@ -66,9 +72,7 @@ def models(trained: list[Path], reanalysed: list[Path]) -> tuple[list[dict], lis
                 else:
                     run["analyses"][p] = a
                     run["source"][p] = path.stem
-    return sorted(
-        by.values(), key=lambda r: (int(design(r["file"]).split()[0]), seed(r["file"]))
-    ), checks
+    return sorted(by.values(), key=lambda r: (width_heads(r["file"]), seed(r["file"]))), checks
 
 
 def holds_at(curve: dict) -> list[bool]:
@@ -135,7 +139,8 @@ def model_table(ms: list[dict]) -> str:
             + " / ".join(f"{x:.3f}" for x in pairs)
             + " | "
             + " / ".join(f"{x:.3f}" for x in alls)
-            + f" | {v['spread']} | {'yes' if v['holds'] else 'no'} | {src} |"
+            + f" | {v['spread']} | {'yes' if v['holds'] else 'no' if v['trained'] else 'not trained'}"
+            + f" | {src} |"
         )
     return "\n".join(lines)
 
@@ -170,16 +175,16 @@ def figure(ms: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    designs = sorted({design(m["file"]) for m in ms}, key=lambda d: int(d.split()[0]))
+    designs = sorted({width_heads(m["file"]) for m in ms})
     pair_counts = ["16", "64"]
     titles = [
-        f"{d} of {256 // int(d.split()[0])} dims, {p} pairs" for p in pair_counts for d in designs
+        f"width {w}, {h} heads of {w // h}, {p} pairs" for p in pair_counts for w, h in designs
     ]
     fig = make_subplots(rows=2, cols=len(designs), subplot_titles=titles)
     colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
     for r, p in enumerate(pair_counts, start=1):
         for c, d in enumerate(designs, start=1):
-            for m in (m for m in ms if design(m["file"]) == d and p in m["analyses"]):
+            for m in (m for m in ms if width_heads(m["file"]) == d and p in m["analyses"]):
                 cv, s = m["analyses"][p]["curve"], seed(m["file"])
                 color = colors[s % len(colors)]
                 show = r == 1 and c == 1
@@ -217,9 +222,9 @@ def figure(ms: list[dict], path: Path) -> None:
         fig.update_yaxes(title_text="MQAR accuracy", row=r, col=1)
     cards = " / ".join(sorted({m["device"] for m in ms}))
     fig.update_layout(
-        title=f"Width-256 hybrids: masking the top k heads vs k random heads ({cards})",
+        title=f"Hybrids: masking the top k heads vs k random heads ({cards})",
         height=800,
-        width=1100,
+        width=330 * len(designs) + 150,
     )
     fig.write_html(path, include_plotlyjs="cdn")
 
