@@ -6,6 +6,7 @@ tiny GGUFs and of both bundled models through the same path."""
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
@@ -129,7 +130,9 @@ def test_the_advice_faults_the_pages_in_before_they_are_written(monkeypatch):
     import resource
 
     monkeypatch.setattr(gguf_dequant, "_libc_madvise", [])  # looked up afresh
-    fresh = torch.empty(1 << 24, dtype=torch.float32)  # 64 MiB, not yet touched
+    # 64 MiB of a fresh anonymous mapping: no page touched yet (torch.empty may hand back
+    # memory the allocator kept from earlier tests, whose pages are already in)
+    fresh = torch.frombuffer(mmap.mmap(-1, 1 << 26), dtype=torch.float32)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     gguf_dequant._populate(fresh)
     faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
