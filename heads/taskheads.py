@@ -171,8 +171,7 @@ class OutputSum(AttentionHook):
             self.count += output.shape[1]
         if self.readout_from is not None:
             # rows at or past readout_from (a pass on a cache starts past its prefix)
-            row0 = call.q_offset if call.query_start is None else call.query_start
-            part = out[max(0, self.readout_from - row0) :]
+            part = out[max(0, self.readout_from - call.query_position) :]
             self.readout[call.layer] = self.readout.get(call.layer, 0) + part.sum(0).cpu()
             if call.layer == 0:
                 self.readout_count += part.shape[0]

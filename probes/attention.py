@@ -97,11 +97,16 @@ class AttentionCall:
         return self.key.shape[2] - self.query.shape[2]
 
     @property
+    def query_position(self) -> int:
+        """Absolute position of query 0 in the (padded) input rows: ``query_start`` when the
+        loop recorded it, else ``q_offset`` (keys start at position 0)."""
+        return self.q_offset if self.query_start is None else self.query_start
+
+    @property
     def key_start(self) -> int:
         """Absolute position of key 0 (above 0 when a sliding layer's cache kept only its
         window)."""
-        start = self.q_offset if self.query_start is None else self.query_start
-        return start - self.q_offset
+        return self.query_position - self.q_offset
 
     @property
     def key_positions(self) -> Int[Tensor, " nk"]:

@@ -80,8 +80,7 @@ class MeanAblation(AttentionHook):
         if self.starts is None or len(self.starts) != output.shape[0]:
             raise ValueError("a readout ablation needs each sequence's readout start (for_batch)")
         # absolute position of each row (a pass on a cache starts past its prefix)
-        first = call.q_offset if call.query_start is None else call.query_start
-        pos = torch.arange(output.shape[1], device=output.device) + first
+        pos = torch.arange(output.shape[1], device=output.device) + call.query_position
         rows = pos[None, :] >= self.starts.to(output.device)[:, None]  # [b, t]
         output[:, :, heads] = torch.where(rows[:, :, None, None], mean[None, None],
                                           output[:, :, heads])  # fmt: skip

@@ -151,13 +151,13 @@ def test_readout_ablation_leaves_the_rows_before_each_sequences_start():
     for means, fill in ((mean, 5.0), (None, 0.0)):
         hook = MeanAblation([(0, 1), (0, 2)], means, readout=True)
         hook.for_batch([2, 4])
-        call = type("Call", (), {"layer": 0, "q_offset": 0, "query_start": None})()
+        call = type("Call", (), {"layer": 0, "query_position": 0})()
         got = hook.after(call, out)
         for b, start in enumerate((2, 4)):
             assert torch.equal(got[b, :start], out[b, :start])
             assert (got[b, start:, 1:] == fill).all()
             assert torch.equal(got[b, start:, 0], out[b, start:, 0])
-        call.q_offset = 3  # rows 3..8: sequence 0 ablated from row 0 of the pass, 1 from 1
+        call.query_position = 3  # rows 3..8: sequence 0 ablated from row 0 of the pass, 1 from 1
         got = hook.after(call, out)
         assert (got[0, :, 1:] == fill).all() and (got[1, 1:, 1:] == fill).all()
         assert torch.equal(got[1, :1], out[1, :1])
