@@ -3,9 +3,14 @@ attention, attention-free and hybrid models built from installed transformers co
 trained to (near) convergence, then headhunt's recall-head, induction and masking analyses on the
 trained models that have attention.
 
-Models (2 layers each, 8 heads where there are heads):
+Models (2 layers each but hybrid2, 8 heads where there are heads):
 - attention: LFM2 with two full-attention layers;
-- hybrid: LFM2 with a gated short-convolution layer, then one attention layer;
+- hybrid: LFM2 with a gated short-convolution layer, then one attention layer (the layout of
+  every two-layer model of Zoology's Based sweep: its ``Hybrid`` mixer gives layer i the
+  mixer ``configs[i % len(configs)]`` of ``[conv, X]``, HazyResearch/zoology
+  ``zoology/mixers/hybrid.py``);
+- hybrid2: the same alternation over four layers, conv, attention, conv, attention: two
+  attention layers (Zoology's ``Hybrid`` at ``n_layers=4``; twice the depth of the others);
 - mamba2: two Mamba2 layers (attention-free state-space model, transformers' PyTorch path);
 - gated conv: LFM2 with two gated short-convolution layers (attention-free; kernel 3, so two
   layers see 5 tokens: a floor, not Zoology's long convolutions).
@@ -62,9 +67,11 @@ CURVE_SETS = 20  # random sets of k heads per k in the graded masking (all of th
 ARCHS = {
     "attention": ("lfm2", ("full_attention", "full_attention")),
     "hybrid": ("lfm2", ("conv", "full_attention")),
+    "hybrid2": ("lfm2", ("conv", "full_attention", "conv", "full_attention")),
     "mamba2": ("mamba2", None),
     "gated conv": ("lfm2", ("conv", "conv")),
 }
+WITH_ATTENTION = ("attention", "hybrid", "hybrid2")  # the models headhunt's analyses run on
 WIDTHS = (64, 128)
 LRS = (1e-3, 3.2e-3)  # the two lowest of logspace(-3, -1.5, 4)
 
@@ -147,7 +154,7 @@ def train(job: dict, data: dict, seconds: float, dev, on_validation=None) -> tup
         vocab_size=VOCAB,
         seq_len=SEQ,
         d_model=job["width"],
-        n_layers=2,
+        n_layers=len(layers) if layers else 2,
         n_heads=job.get("n_heads", HEADS),
         family=family,
         layer_types=layers,
@@ -287,7 +294,7 @@ def worker(job: dict, data_path: str, out_path: str, seconds: float) -> None:
         run["val"] = {str(n): query_accuracy(model, data["val"][n]) for n in TEST_PAIRS}
         run["accuracy"] = {str(n): query_accuracy(model, data["test"][n]) for n in TEST_PAIRS}
         write_json(out_path, run)  # keep the accuracy if an analysis fails
-        if job["arch"] in ("hybrid", "attention"):
+        if job["arch"] in WITH_ATTENTION:
             run["heads"] = {}
             for pairs in (16, 64):
                 try:
@@ -447,7 +454,7 @@ def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
     elif run.get("training"):
         why = "killed at the deadline" if proc.returncode < 0 else f"exit {proc.returncode}"
         run["error"] = f"{why} while training (the curve so far is kept)"
-    elif proc.returncode < 0 and job["arch"] in ("hybrid", "attention") and "heads" not in run:
+    elif proc.returncode < 0 and job["arch"] in WITH_ATTENTION and "heads" not in run:
         run["heads_error"] = "killed at the deadline before the analyses finished"
     elif proc.returncode not in (0, None) and "error" not in run:
         run["error"] = f"exit {proc.returncode}"

@@ -211,6 +211,53 @@ def test_masking_curve_on_planted_heads(trained):
         masking_curve(model, probe, ranked, [7])
 
 
+def test_masking_curve_draws_from_both_attention_layers_of_a_hybrid():
+    """Planted: LFM2 conv, attention, conv, attention (Zoology's hybrid at four layers), every
+    attention head's output projection zeroed but (1, 2) and (3, 0)'s, scaled up; the probe's
+    targets are the model's own predictions (accuracy 1). Masking any other heads changes
+    nothing, so the curve's random sets come from both attention layers and the top pair, one
+    head of each layer, is the only pair that leaves less than the rest."""
+    import dataclasses
+
+    from headhunt.heads.mqar_train import mqar_tokenizer
+    from headhunt.probes.hooked import HookedModel
+    from headhunt.probes.tiny import tiny_causal_lm
+
+    kinds = ["conv", "full_attention", "conv", "full_attention"]
+    hf = tiny_causal_lm(
+        "lfm2", vocab_size=64, num_hidden_layers=4, layer_types=kinds, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128,
+    )  # fmt: skip
+    model = HookedModel(model=hf, tokenizer=mqar_tokenizer(64), name="tiny-lfm2-hybrid2")
+    assert model.attention_layers == [1, 3]
+    live = [(3, 0), (1, 2)]
+    d = model.head_dim
+    with torch.no_grad():
+        for layer in (1, 3):
+            o = hf.model.layers[layer].self_attn.out_proj.weight
+            keep = {h for la, h in live if la == layer}
+            for h in range(4):
+                o[:, h * d : (h + 1) * d] *= 20.0 if h in keep else 0.0
+    probe = generate_mqar(MQARSpec(vocab_size=64, seq_len=48, n_pairs=6), 16, seed=0)
+    logits = model.forward(probe.ids, use_cache=False).logits
+    rows = torch.arange(len(probe))[:, None]
+    probe = dataclasses.replace(probe, target=logits[rows, probe.query_pos].argmax(-1))
+    others = [(la, h) for la in (1, 3) for h in range(4) if (la, h) not in live]
+    ranked = live + others
+    curve = masking_curve(model, probe, ranked, [1, 2, 8], n_random=12, batch_size=16)
+    assert curve["baseline"] == 1.0 and curve["n_heads"] == 8
+    singles = curve["random_sets"][0]
+    assert {la for s in singles for la, _ in s} == {1, 3} and curve["exhaustive"][0]
+    for sets, accs in zip(curve["random_sets"][:2], curve["random"][:2], strict=True):
+        for heads, acc in zip(sets, accs, strict=True):
+            if not {tuple(h) for h in heads} & set(live):
+                assert acc == 1.0  # dead heads masked: the model is unchanged
+    assert curve["top_sets"][1] == sorted(live)
+    assert curve["top"][1] < 0.5 < curve["random_mean"][1]
+    with pytest.raises(HeadhuntError, match="attention heads"):
+        masking_curve(model, probe, [(0, 0), *ranked[1:]], [1])
+
+
 def test_insert_gap_shifts_queries():
     pr = generate_mqar(MQARSpec(vocab_size=64, seq_len=32, n_pairs=4), 3, seed=0)
     gapped = insert_gap(pr, 10, 64, seed=1)
