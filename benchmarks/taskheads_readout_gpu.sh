@@ -16,8 +16,10 @@
 #   bash STAGE/cN/readout_gpu.sh STAGE/cN wait SECS  then wait for every run, packing what is
 #       there into $OUT every 30 s (a call cut short still returns it; conditions.jsonl grows
 #       one ablation at a time, k ascending)
-# Settings (settings.env): TASKS (multidoc kv), MD_DOCS, MD_WORDS, KV_DOCS, MD_MODES, KV_MODES,
-# EVAL (evaluation examples), SCORE (scoring examples), KS, DRAWS, MODELS (smol gemma).
+# Settings (settings.env): TASKS (multidoc kv; TASKS_smol, TASKS_gemma: one model's own),
+# MD_DOCS, MD_WORDS, KV_DOCS, MD_MODES, KV_MODES, EVAL (evaluation examples), SCORE (scoring
+# examples), KS (KS_kv, KS_multidoc: one task's own, in the order they run), DRAWS, MODELS
+# (smol gemma).
 #   bash benchmarks/taskheads_readout_gpu.sh stage STAGE SMOL_XZ GEMMA_GZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out; PER (default 47,000,000) bytes a
 #       folder: the call's tree (the repository's, about 17 MB) and the folder stay under 64 MiB.
@@ -87,30 +89,33 @@ join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gg
   fi
 }
 
-run_task() {  # run_task NAME TASK: one taskheads run
-  local out=$G/runs/$1-$2 docs words modes
+run_task() {  # run_task NAME TASK: one taskheads run (KS_<task>, - as _, overrides KS)
+  local out=$G/runs/$1-$2 docs words modes kvar=KS_${2//-/_}
+  local ks=${!kvar:-$KS}
   if [ "$2" = kv ]; then
     docs=$KV_DOCS words=10 modes=$KV_MODES
   else
     docs=$MD_DOCS words=$MD_WORDS modes=$MD_MODES
   fi
   $PY -m headhunt taskheads --model $G/$1.gguf --task "$2" --docs "$docs" --doc-words "$words" \
-    --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$KS" --modes "$modes" \
+    --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$ks" --modes "$modes" \
     --random-from all,outside --random-draws "$DRAWS" --batch-size 64 --out "$out" --force \
     >"$out.log" 2>&1
   echo "exit $?" >>"$out.log"
 }
 
-run_model() {  # run_model NAME: its tasks at once (Gemma: its tokenizer checked first)
+run_model() {  # run_model NAME: its tasks (TASKS_<name>, else TASKS) at once (Gemma: its
+  # tokenizer checked first)
   # shellcheck disable=SC1091
   . $G/in/settings.env
+  local tvar=TASKS_$1
   cd /tmp || return
   if [ "$1" = gemma ]; then
     (set -o pipefail && $PY $G/src/benchmarks/taskheads_gguf_fix.py $G/gemma.gguf \
       $G/in/files/gemma_tokenizer.json.xz $G/in/files/gemma_fingerprint.json 2>&1 |
       grep -v Convert) >$G/runs/gemma-fix.log || { touch $G/runs/$1.done; return; }
   fi
-  for t in $TASKS; do run_task "$1" "$t" & done
+  for t in ${!tvar:-$TASKS}; do run_task "$1" "$t" & done
   wait
   touch "$G/runs/$1.done"
 }

@@ -9,7 +9,8 @@ overlaps and the retriever against BM25.
 
 Targets (issue 26, at some k <= 16): top-k accuracy at most a quarter of the full model's;
 random k heads lose at most 5 points (judged on both pools, named); the specificity control
-loses at most 5 points (closed-book accuracy is 1.00 unablated by construction).
+loses at most 5 points (closed-book accuracy is 1.00 unablated by construction). A met cell is
+"not firm" when any of its three margins is inside one SE.
 """
 
 from __future__ import annotations
@@ -44,6 +45,27 @@ def met(t: dict[str, bool], pool: str) -> bool:
     return t["collapse"] and t[pool] and t["specificity"]
 
 
+def _margin(room: float, se) -> float:
+    """How many SEs a met target clears its bar by (infinite with no spread: SE 0)."""
+    if pd.isna(se) or se == 0:
+        return float("inf") if room >= 0 else float("-inf")
+    return room / se
+
+
+def firm(r, pool: str) -> bool:
+    """Every target of the cell clears its bar by at least one SE: the top k's accuracy under
+    a quarter of the full model's (binomial SE), the random pool's loss under 5 points (SE over
+    draws) and the closed-book loss under 5 points (binomial SE over the kept prompts; a run
+    from before that column: no SE)."""
+    rand, rand_se = (r.random, r.random_se) if pool == "random (all)" else (
+        r.random_outside, r.random_outside_se)  # fmt: skip
+    spec = r.specificity if "specificity" in r._fields else r.closed_book
+    spec_se = getattr(r, "specificity_se", float("nan"))
+    return min(_margin(r.full / 4 - r.accuracy, r.se),
+               _margin(POINTS - (r.full - rand), rand_se),
+               _margin(POINTS - (1.0 - spec), spec_se)) >= 1.0  # fmt: skip
+
+
 def ablation_rows(run: Path, mode: str) -> list[str]:
     t = pd.read_csv(run / "ablation.csv")
     t = t[t["mode"] == mode]
@@ -51,10 +73,16 @@ def ablation_rows(run: Path, mode: str) -> list[str]:
     out = []
     for r in t.sort_values(["k", "detector"]).itertuples():
         spec = f"{r.specificity:.2f} ({r.closed_book:.2f})" if new else f"({r.closed_book:.2f})"
+        if "specificity_se" in t:
+            n = int(r.closed_book_prompts)
+            lost = round((1.0 - r.specificity) * n)
+            spec = (f"{r.specificity:.2f} ± {r.specificity_se:.2f}, {lost} of {n} lost "
+                    f"({r.closed_book:.2f})")  # fmt: skip
         outside = _pm(r.random_outside, r.random_outside_se) if new else "-"
         tg = targets(r)
-        hold = [name for name in ("random (all)", "random (outside)") if name in tg
-                and met(tg, name)]  # fmt: skip
+        hold = [name + ("" if firm(r, name) else " (not firm)")
+                for name in ("random (all)", "random (outside)")
+                if name in tg and met(tg, name)]  # fmt: skip
         out.append(f"| {r.k} | {r.detector} | {_pm(r.accuracy, r.se)} | "
                    f"{_pm(r.random, r.random_se)} | {outside} | {spec} | "
                    f"{', '.join(hold) or '-'} |")  # fmt: skip
@@ -71,14 +99,16 @@ def report(run: Path) -> str:
         f"### {run.name}",
         "",
         f"full model: accuracy {base['accuracy']:.2f} on {base['examples']} evaluation examples; "
-        f"closed-book prompts kept: {base['closed_book_kept']} of 24; scoring examples answered "
+        f"closed-book prompts kept: {base['closed_book_kept']} of "
+        f"{base.get('closed_book_prompts', 24)}; scoring examples answered "
         f"correctly: {det['scoring_examples_correct']}; random draws per k: "
         f"{int(t['draws'].iloc[0])}.",
         "",
     ]
     for mode in t["mode"].unique():
         lines += [f"`{mode}` ablation: accuracy ± SE; closed-book accuracy with the closed-book "
-                  "mean (with the task's mean); all three targets met with the random pool named",
+                  "mean (with the task's mean); all three targets met with the random pool named "
+                  "(not firm: some target's margin is inside one SE)",
                   "", "| k | detector | top-k | random k (all heads) | random k (outside top k) "
                   "| closed-book | targets met |", "| --- | --- | --- | --- | --- | --- | --- |",
                   *ablation_rows(run, mode), ""]  # fmt: skip

@@ -163,19 +163,24 @@ class OutputSum(AttentionHook):
         self.readout_from = readout_from
 
     def after(self, call: AttentionCall, output: Tensor) -> Tensor:
-        out = output[0].detach().float()
+        # a batch (sequences of one length, no padding) adds its sequences one by one, each
+        # as a pass of one sequence would
+        for b in range(output.shape[0]):
+            self._add(call, output[b].detach().float())
+        return output
+
+    def _add(self, call: AttentionCall, out: Tensor) -> None:
         self.total[call.layer] = self.total.get(call.layer, 0) + out.sum(0).cpu()  # [hq, d]
         first = out[0].cpu() if call.q_offset == 0 else torch.zeros_like(out[0].cpu())
         self.first[call.layer] = self.first.get(call.layer, 0) + first  # a cached pass: none
         if call.layer == 0:
-            self.count += output.shape[1]
+            self.count += out.shape[0]
         if self.readout_from is not None:
             # rows at or past readout_from (a pass on a cache starts past its prefix)
             part = out[max(0, self.readout_from - call.query_position) :]
             self.readout[call.layer] = self.readout.get(call.layer, 0) + part.sum(0).cpu()
             if call.layer == 0:
                 self.readout_count += part.shape[0]
-        return output
 
 
 # ---------------------------------------------------------------- the final norm, linearised

@@ -23,6 +23,7 @@ from headhunt.methods.base import (
 EXAMPLES = "examples.jsonl"
 CONDITIONS = "conditions.jsonl"
 DETECTOR_METRICS = {"copy": "copy_score", "query": "query_focus", "write": "write_score"}
+CLOSED_BOOK_BATCH = 256  # closed-book prompts per forward (each is 4-20 tokens)
 
 
 @dataclass
@@ -293,9 +294,11 @@ class Plan:
         tok = self.model.tokenizer
         # a closed-book prompt is all question: its readout rows are every row but the BOS
         book_row = int(tok.bos_token_id is not None)
+        # closed-book prompts are a few tokens each: a few hundred fit one forward
+        book_bs = max(self.config.batch_size, CLOSED_BOOK_BATCH)
         if self.config.specificity:
             book = [(p + a, len(p)) for p, a in closed_book_ids(tok)]
-            right = answers_right(self.model, book, batch_size=self.config.batch_size)
+            right = answers_right(self.model, book, batch_size=book_bs)
             closed = [b for b, ok in zip(book, right, strict=True) if ok]
             # the specificity control's mean: over other closed-book prompts (never evaluated)
             ref = [p + a for p, a in closed_book_ids(tok, CLOSED_BOOK_REFERENCE)]
@@ -310,10 +313,10 @@ class Plan:
             hooks = ablation(c["heads"], c["mode"], self.means)
             # closed_book: with the task's mean (as first reported); specificity: with the
             # closed-book reference mean (the control; the same for zero ablation)
-            book = answers_right(self.model, closed, hooks, bs, book_rows)
+            book = answers_right(self.model, closed, hooks, book_bs, book_rows)
             if MODES[c["mode"]].mean and c["heads"]:
                 own = ablation(c["heads"], c["mode"], closed_means)
-                spec = answers_right(self.model, closed, own, bs, book_rows)
+                spec = answers_right(self.model, closed, own, book_bs, book_rows)
             else:
                 spec = book
             ctx.append(CONDITIONS, {
@@ -323,6 +326,7 @@ class Plan:
             })  # fmt: skip
 
     def finish(self, ctx, conditions):
+        from headhunt.heads.inputs.task_inputs import CLOSED_BOOK
         from headhunt.heads.taskheads import retrieval_table, top_heads
         from headhunt.scores import HeadScores
 
@@ -341,6 +345,7 @@ class Plan:
                 "accuracy": _acc(base["correct"]),
                 "examples": len(base["correct"]),
                 "closed_book_kept": len(base["closed_book"]),
+                "closed_book_prompts": len(CLOSED_BOOK) if self.config.specificity else 0,
             },  # fmt: skip
             "scoring_examples_correct": sum(
                 r.correct for r in self.results[: self.config.score_examples]
@@ -397,13 +402,16 @@ def ablation_table(by: dict, config: TaskHeadsConfig, ks: list[int]):
                 c = by[f"{d}/{mode}/{k}"]
                 out = draws(f"outside/{d}/{mode}/{k}")
                 acc, se = mean_se(c["correct"])
+                spec = _spec(c)
                 rows.append({
                     "detector": d, "mode": mode, "k": k, "accuracy": acc, "se": se,
                     "random": rand[""], "random_se": rand["_se"],
                     "random_outside": out[""], "random_outside_se": out["_se"],
                     "closed_book": _acc(c["closed_book"]),
                     "random_closed_book": rand["_closed_book"],
-                    "specificity": _acc(_spec(c)), "random_specificity": rand["_specificity"],
+                    "specificity": _acc(spec),
+                    "specificity_se": mean_se(spec)[1] if spec else None,
+                    "random_specificity": rand["_specificity"],
                     "random_outside_specificity": out["_specificity"],
                     "full": _acc(base["correct"]), "examples": len(c["correct"]),
                     "closed_book_prompts": len(c["closed_book"]), "draws": config.random_draws,

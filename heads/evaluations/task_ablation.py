@@ -114,19 +114,27 @@ def reference_means(
     model: HookedModel,
     sequences: Sequence[Sequence[int]],
     readout_starts: Sequence[int] | None = None,
+    batch_size: int = 64,
 ) -> dict[str, dict[int, Tensor]]:
-    """:func:`mean_outputs` over a reference set of token sequences (one forward each); with
-    ``readout_starts`` (each sequence's first readout row) also ``mean-readout``."""
+    """:func:`mean_outputs` over a reference set of token sequences; with ``readout_starts``
+    (each sequence's first readout row) also ``mean-readout``. Sequences of the same length
+    and readout start go through one forward (no padding: the sums are those of one forward
+    each), ``batch_size`` at a time."""
     import numpy as np
 
     from headhunt.heads.taskheads import OutputSum
 
+    groups: dict[tuple[int, int | None], list[list[int]]] = defaultdict(list)
+    for i, ids in enumerate(sequences):
+        start = None if readout_starts is None else int(readout_starts[i])
+        groups[(len(ids), start)].append(list(ids))
     sums = OutputSum()
     with model.hooks(sums):
-        for i, ids in enumerate(sequences):
-            sums.readout_from = None if readout_starts is None else int(readout_starts[i])
-            model.forward(torch.tensor([list(ids)], device=model.device), use_cache=False,
-                          logits_to_keep=1)  # fmt: skip
+        for (_, start), group in groups.items():
+            sums.readout_from = start
+            for b in range(0, len(group), batch_size):
+                model.forward(torch.tensor(group[b : b + batch_size], device=model.device),
+                              use_cache=False, logits_to_keep=1)  # fmt: skip
     layers = range(model.n_layers)
     total = np.stack([sums.total[la].numpy() for la in layers])
     first = np.stack([sums.first[la].numpy() for la in layers])

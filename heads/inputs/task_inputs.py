@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from headhunt.errors import HeadhuntError
+from headhunt.heads.inputs import task_closed_book as _closed_book
 
 INSTRUCTION = "Read the documents and answer the question."
 NULL_QUESTION = "N/A"  # QRHead's null query
@@ -421,65 +422,13 @@ def bundled(task: str, n: int, docs: int, words: int, seed: int) -> list[Example
     raise HeadhuntError(f"unknown task {task!r} (use {', '.join(TASKS)})")
 
 
-# Closed-book prompts for the specificity control: facts a model answers with no context.
-CLOSED_BOOK = [
-    ("The capital of France is", "Paris"),
-    ("The capital of Italy is", "Rome"),
-    ("The capital of Japan is", "Tokyo"),
-    ("The capital of Germany is", "Berlin"),
-    ("The capital of Spain is", "Madrid"),
-    ("The capital of England is", "London"),
-    ("Monday, Tuesday, Wednesday,", "Thursday"),
-    ("January, February, March,", "April"),
-    ("one, two, three, four,", "five"),
-    ("The opposite of hot is", "cold"),
-    ("The opposite of up is", "down"),
-    ("The opposite of black is", "white"),
-    ("Water freezes at zero degrees", "Celsius"),
-    ("The sun rises in the", "east"),
-    ("A week has seven", "days"),
-    ("The chemical symbol for water is", "H"),
-    ("Cats and", "dogs"),
-    ("Romeo and", "Juliet"),
-    ("Salt and", "pepper"),
-    ("The largest planet in the solar system is", "Jupiter"),
-    ("The color of the sky on a clear day is", "blue"),
-    ("Bread is made from", "flour"),
-    ("The first letter of the alphabet is", "A"),
-    ("Ten plus ten equals", "twenty"),
-]
-
-
-# The specificity control's own reference set: other closed-book prompts of the same kind,
-# none of them evaluated. A mean ablation of the closed-book prompts puts in each head's mean
-# output over these (the "mean over a reference set of the same task"); the task's
-# mean, taken over long prompts with documents, is off-distribution in a 10-token prompt.
-CLOSED_BOOK_REFERENCE = [
-    ("The capital of Russia is", "Moscow"),
-    ("The capital of Egypt is", "Cairo"),
-    ("The capital of Greece is", "Athens"),
-    ("The capital of Canada is", "Ottawa"),
-    ("Friday, Saturday,", "Sunday"),
-    ("June, July, August,", "September"),
-    ("six, seven, eight,", "nine"),
-    ("The opposite of left is", "right"),
-    ("The opposite of day is", "night"),
-    ("The opposite of big is", "small"),
-    ("Water boils at one hundred degrees", "Celsius"),
-    ("The sun sets in the", "west"),
-    ("A year has twelve", "months"),
-    ("The chemical symbol for gold is", "Au"),
-    ("Bread and", "butter"),
-    ("Rock and", "roll"),
-    ("The closest star to the Earth is the", "Sun"),
-    ("The color of grass is", "green"),
-    ("Cheese is made from", "milk"),
-    ("The last letter of the alphabet is", "Z"),
-    ("Two plus two equals", "four"),
-    ("A triangle has three", "sides"),
-    ("The Earth orbits the", "Sun"),
-    ("Ice is frozen", "water"),
-]
+# Closed-book prompts for the specificity control (evaluated) and its reference set (never
+# evaluated: a mean ablation of the closed-book prompts puts in each head's mean output over
+# these, the "mean over a reference set of the same task"; the task's mean, taken over
+# long prompts with documents, is off-distribution in a 10-token prompt). Why a few hundred:
+# headhunt.heads.inputs.task_closed_book.
+CLOSED_BOOK = _closed_book.CLOSED_BOOK
+CLOSED_BOOK_REFERENCE = _closed_book.CLOSED_BOOK_REFERENCE
 
 
 def closed_book_ids(tokenizer, prompts=None) -> list[tuple[list[int], list[int]]]:

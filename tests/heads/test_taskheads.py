@@ -434,7 +434,9 @@ def test_reference_means_are_the_heads_mean_outputs():
     from headhunt.heads.evaluations.task_ablation import reference_means
 
     m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, seed=3)
-    seqs = [[1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6]]
+    # two sequences of one length and readout start go through one forward
+    seqs = [[1, 5, 9, 4], [1, 7, 3], [1, 2, 8, 8, 6], [1, 6, 2, 3]]
+    starts = [2, 1, 3, 2]
     outs: dict[int, list] = {0: [], 1: []}
 
     class Record(AttentionHook):
@@ -445,12 +447,30 @@ def test_reference_means_are_the_heads_mean_outputs():
     with torch.no_grad(), m.hooks(Record()):
         for s in seqs:
             m.forward(torch.tensor([s]), use_cache=False)
-    means = reference_means(m, seqs)
+    means = reference_means(m, seqs, starts, batch_size=2)
     for la in (0, 1):
         every = torch.cat(outs[la])
         rest = torch.cat([o[1:] for o in outs[la]])
+        readout = torch.cat([o[s:] for o, s in zip(outs[la], starts, strict=True)])
         assert torch.allclose(means["mean"][la], every.mean(0), atol=1e-5)
         assert torch.allclose(means["mean-keep-first"][la], rest.mean(0), atol=1e-5)
+        assert torch.allclose(means["mean-readout"][la], readout.mean(0), atol=1e-5)
+
+
+def test_closed_book_sets_deal_each_kind_to_both_and_keep_the_original_prompts():
+    """The specificity control's prompts: the original 24 first in each set, no prompt in both
+    or twice, and each kind's items dealt in turn to the evaluated and the reference set."""
+    from headhunt.heads.inputs import task_closed_book as C
+
+    book, ref = C.CLOSED_BOOK, C.CLOSED_BOOK_REFERENCE
+    assert book[:24] == C.ORIGINAL and ref[:24] == C.ORIGINAL_REFERENCE
+    prompts = [p for p, _ in book + ref]
+    assert len(prompts) == len(set(prompts)) and len(book) >= 200 and len(ref) >= 200
+    for kind in C.KINDS:
+        in_book = sum(item in book[24:] for item in kind)
+        in_ref = sum(item in ref[24:] for item in kind)
+        assert in_book + in_ref >= len(kind) - 2  # (an item already in the originals: skipped)
+        assert in_book - in_ref in (0, 1)
 
 
 def test_specificity_ablates_with_the_closed_book_mean(planted, tmp_path, monkeypatch):
