@@ -454,7 +454,7 @@ def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
     elif run.get("training"):
         why = "killed at the deadline" if proc.returncode < 0 else f"exit {proc.returncode}"
         run["error"] = f"{why} while training (the curve so far is kept)"
-    elif proc.returncode < 0 and job["arch"] in WITH_ATTENTION and "heads" not in run:
+    elif proc.returncode < 0 and job["arch"] in WITH_ATTENTION and len(run.get("heads", ())) < 2:
         run["heads_error"] = "killed at the deadline before the analyses finished"
     elif proc.returncode not in (0, None) and "error" not in run:
         run["error"] = f"exit {proc.returncode}"

@@ -1,7 +1,7 @@
-"""Call 6's tables and figure (docs/zoology.md, docs/zoology_masking.html): graded masking of
-the width-256 hybrids, from the raw results of ``benchmarks/zoology.py`` (training runs, with
-the analyses they finished) and ``benchmarks/zoology_reanalyse.py`` (analyses redone on the
-saved models).
+"""The graded-masking tables and figure (docs/zoology.md, docs/zoology_masking.html) of the
+hybrids (one attention layer: calls 6-8; two: calls 9 and 11), from the raw results of
+``benchmarks/zoology.py`` (training runs, with the analyses they finished) and
+``benchmarks/zoology_reanalyse.py`` (analyses redone on the saved models).
 
 Run: python benchmarks/zoology_masking_report.py TRAINED.json [...] --reanalysed RE.json [...]
 
@@ -20,15 +20,22 @@ TRAINED_AT = 0.95  # test accuracy at 16 and 64 pairs for a hybrid to count as t
 MARGIN, N_SE = 0.2, 3  # "far more than random": this much lower, and beyond this many s.e.
 
 
-def width_heads(name: str) -> tuple[int, int]:
-    """``hybrid_w256_h8_lr0.001_s0.safetensors`` -> (256, 8)."""
+def width_heads(name: str) -> tuple[str, int, int]:
+    """``hybrid_w256_h8_lr0.001_s0.safetensors`` -> ("hybrid", 256, 8)."""
     width = int(name.split("_w")[1].split("_")[0])
-    return width, int(name.split("_h")[1].split("_")[0])
+    return name.split("_w")[0], width, int(name.split("_h")[1].split("_")[0])
 
 
 def design(name: str) -> str:
-    width, heads = width_heads(name)
-    return f"width {width}, {heads} heads"
+    arch, width, heads = width_heads(name)
+    layers = "2 attention layers, " if arch == "hybrid2" else ""
+    return f"{layers}width {width}, {heads} heads"
+
+
+def label(m: dict) -> str:
+    """The model's design and seed, and which call's model it is where a design was re-run."""
+    again = ", re-run" if "rerun" in m["trained_in"] else ""
+    return f"{design(m['file'])}, seed {seed(m['file'])}{again}"
 
 
 def seed(name: str) -> int:
@@ -38,20 +45,21 @@ def seed(name: str) -> int:
 def models(trained: list[Path], reanalysed: list[Path]) -> tuple[list[dict], list[str]]:
     """One entry per saved model: run numbers, analyses by pair count (and their source), and
     the reproduction checks where a pair count was analysed twice."""
-    by: dict[str, dict] = {}
+    by: dict[str, dict] = {}  # a re-run's files have its first run's names: keyed by call too
     for path in trained:
         res = json.loads(path.read_text())
         for r in res["runs"]:
             if "saved" not in r:
                 continue
-            by[r["saved"]] = {**r, "file": r["saved"], "device": res["device"], "source": {}}
-            by[r["saved"]]["analyses"] = dict(r.get("heads", {}))
-            by[r["saved"]]["source"] = {p: path.stem for p in r.get("heads", {})}
+            key = f"{path.stem}:{r['saved']}"
+            by[key] = {**r, "file": r["saved"], "device": res["device"], "trained_in": path.stem}
+            by[key]["analyses"] = dict(r.get("heads", {}))
+            by[key]["source"] = {p: path.stem for p in r.get("heads", {})}
     checks = []
     for path in reanalysed:
         res = json.loads(path.read_text())
         for m in res["models"]:
-            run = by[m["file"]]
+            (run,) = [r for r in by.values() if r["file"] == m["file"]]
             for p, acc in m["accuracy"].items():
                 checks.append(
                     f"{m['file']}: test accuracy at {p} pairs {acc:.4f} on reanalysis "
@@ -72,7 +80,9 @@ def models(trained: list[Path], reanalysed: list[Path]) -> tuple[list[dict], lis
                 else:
                     run["analyses"][p] = a
                     run["source"][p] = path.stem
-    return sorted(by.values(), key=lambda r: (width_heads(r["file"]), seed(r["file"]))), checks
+    call = {path.stem: i for i, path in enumerate(trained)}  # a re-run after its first run
+    key = lambda r: (width_heads(r["file"]), seed(r["file"]), call[r["trained_in"]])  # noqa: E731
+    return sorted(by.values(), key=key), checks
 
 
 def holds_at(curve: dict) -> list[bool]:
@@ -102,10 +112,17 @@ def verdicts(m: dict) -> dict:
     else:
         spread = "partly spread"
     holds = trained and len(per_pairs) == 2 and all(per_pairs.values())
+    if not trained:
+        verdict = "not trained"
+    elif len(per_pairs) < 2:  # the rule needs both pair counts: a part says only what it says
+        verdict = f"undecided ({'passes' if all(per_pairs.values()) else 'fails'} at 16 pairs only)"
+    else:
+        verdict = "yes" if holds else "no"
     return {
         "trained": trained,
         "spread": spread,
         "holds": holds,
+        "verdict": verdict,
         "single_min": single_min,
         "pair": pair,
     }
@@ -115,9 +132,9 @@ def model_table(ms: list[dict]) -> str:
     lines = [
         "| design | seed | steps | seconds | test accuracy (4 / 16 / 64 pairs) "
         "| query->value per head, 16 pairs (min-max) | one head masked, 16 pairs (min-max) "
-        "| named pair masked, 16 / 64 pairs | all heads masked, 16 / 64 | recall | "
-        "bullet holds | analyses from |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| named pair masked, 16 / 64 pairs | all heads masked, 16 / 64 | top 4 heads, 16 pairs "
+        "| recall | bullet holds | analyses from |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in ms:
         v = verdicts(m)
@@ -132,15 +149,16 @@ def model_table(ms: list[dict]) -> str:
         src = ", ".join(
             f"{p}: {s}" for p, s in sorted(m["source"].items(), key=lambda x: int(x[0]))
         )
+        again = " (re-run)" if "rerun" in m["trained_in"] else ""
         lines.append(
-            f"| {design(m['file'])} | {seed(m['file'])} | {m['steps']} | {m['train_s']} | "
+            f"| {design(m['file'])} | {seed(m['file'])}{again} | {m['steps']} | {m['train_s']} | "
             + " / ".join(f"{m['accuracy'][p]:.3f}" for p in ("4", "16", "64"))
             + f" | {min(heads):.3f}-{max(heads):.3f} | {min(ones):.3f}-{max(ones):.3f} | "
             + " / ".join(f"{x:.3f}" for x in pairs)
             + " | "
             + " / ".join(f"{x:.3f}" for x in alls)
-            + f" | {v['spread']} | {'yes' if v['holds'] else 'no' if v['trained'] else 'not trained'}"
-            + f" | {src} |"
+            + f" | {', '.join(f'{la}-{h}' for la, h in a16['ranked'][:4])}"
+            + f" | {v['spread']} | {v['verdict']} | {src} |"
         )
     return "\n".join(lines)
 
@@ -151,7 +169,7 @@ def curve_table(ms: list[dict], pairs: str) -> str:
         {k for m in ms if pairs in m["analyses"] for k in m["analyses"][pairs]["curve"]["ks"]}
     )
     cols = [m for m in ms if pairs in m["analyses"]]
-    head = "| k | " + " | ".join(f"{design(m['file'])}, seed {seed(m['file'])}" for m in cols)
+    head = "| k | " + " | ".join(label(m) for m in cols)
     lines = [head + " |", "|---|" + "---|" * len(cols)]
     for k in ks:
         cells = []
@@ -175,16 +193,22 @@ def figure(ms: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    designs = sorted({width_heads(m["file"]) for m in ms})
+    def panel(m: dict) -> tuple:  # a re-run's models get panels of their own
+        return (*width_heads(m["file"]), "rerun" in m["trained_in"])
+
+    designs = sorted({panel(m) for m in ms})
     pair_counts = ["16", "64"]
     titles = [
-        f"width {w}, {h} heads of {w // h}, {p} pairs" for p in pair_counts for w, h in designs
+        f"{'2 attn layers, ' if a == 'hybrid2' else ''}width {w}, {h} heads of {w // h}, "
+        f"{p} pairs{', re-run' if again else ''}"
+        for p in pair_counts
+        for a, w, h, again in designs
     ]
     fig = make_subplots(rows=2, cols=len(designs), subplot_titles=titles)
     colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
     for r, p in enumerate(pair_counts, start=1):
         for c, d in enumerate(designs, start=1):
-            for m in (m for m in ms if width_heads(m["file"]) == d and p in m["analyses"]):
+            for m in (m for m in ms if panel(m) == d and p in m["analyses"]):
                 cv, s = m["analyses"][p]["curve"], seed(m["file"])
                 color = colors[s % len(colors)]
                 show = r == 1 and c == 1
@@ -236,9 +260,14 @@ def main() -> None:
     ms, checks = models(trained, reanalysed)
     figure(ms, Path(__file__).parents[1] / "docs" / "zoology_masking.html")
     print(model_table(ms), "\n")
-    for p in ("16", "64"):
-        print(f"{p} pairs: top k masked / random k (mean ± s.e., sets)\n")
-        print(curve_table(ms, p), "\n")
+    one = [m for m in ms if width_heads(m["file"])[0] == "hybrid"]
+    # Two attention layers: the curves of the models that learned recall at least in part (the
+    # others sit at chance at every k; their curves are in the raw files).
+    two = [m for m in ms if width_heads(m["file"])[0] == "hybrid2" and m["accuracy"]["16"] >= 0.8]
+    for title, group in (("one attention layer", one), ("two attention layers", two)):
+        for p in ("16", "64"):
+            print(f"{title}, {p} pairs: top k masked / random k (mean ± s.e., sets)\n")
+            print(curve_table(group, p), "\n")
     print("\n".join(f"- {c}" for c in checks))
 
 

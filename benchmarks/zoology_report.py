@@ -3,7 +3,9 @@ benchmarks/zoology.py (benchmarks/results/zoology_*.json).
 
 Run: python benchmarks/zoology_report.py RESULTS.json [MORE.json ...]: with several files, a
 later file's run of a (model, width) replaces an earlier one's (a longer or wider call on top of
-the sweep); every table names the file and card each run came from.
+the sweep); every table names the file and card each run came from. The two-attention-layer
+hybrid (``hybrid2``, several seeds per width) is listed run by run in a table of its own, every
+run of every file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 ARCH_ORDER = ["attention", "hybrid", "mamba2", "gated conv"]
+TRAINED_AT = 0.95  # test accuracy at 16 and 64 pairs for a model to count as trained
 
 
 def stderr(p: float, n: int) -> float:
@@ -39,6 +42,8 @@ def merged(results: list[tuple[str, dict]]) -> list[dict]:
     by: dict[tuple, dict] = {}
     for name, res in results:
         for r in best(res):
+            if r["arch"] == "hybrid2":  # every run in hybrid2_table
+                continue
             n = res.get("test_examples", 256)
             solved_at = res.get("solved_at", 1.0)
             tags = {"source": name, "device": res["device"], "n_test": n, "solved_at": solved_at}
@@ -87,6 +92,49 @@ def gap_closed(runs: list[dict], pairs: int) -> list[str]:
     return out
 
 
+def hybrid2_runs(results: list[tuple[str, dict]]) -> list[dict]:
+    """Every run of the two-attention-layer hybrid, each seed and call, tagged like merged's."""
+    return [
+        {**r, "source": name, "device": res["device"], "n_test": res.get("test_examples", 256)}
+        for name, res in results
+        for r in res["runs"]
+        if r["arch"] == "hybrid2" and "accuracy" in r
+    ]
+
+
+def hybrid2_table(results: list[tuple[str, dict]], runs: list[dict]) -> str:
+    """Each hybrid2 run: test accuracy, whether it trained, and the share of the attention-free
+    -> attention gap it closes at 16 and 64 pairs (attention and the attention-free models from
+    ``runs``, the merged table's)."""
+    by = {(r["arch"], r["width"]): r["accuracy"] for r in runs}
+    lines = [
+        "| width | params | lr | seed | steps | seconds | trained | 4 pairs | 16 pairs | 64 pairs "
+        "| gap closed, 16 / 64 pairs | results (card) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, (name, _) in enumerate(results)}  # a re-run after its first run
+    for r in sorted(
+        hybrid2_runs(results), key=lambda r: (r["width"], r["seed"], order[r["source"]])
+    ):
+        acc = r["accuracy"]
+        cells = [f"{acc[p]:.3f} ± {stderr(acc[p], r['n_test'] * int(p)):.3f}" for p in acc]
+        closed = []
+        for p in ("16", "64"):
+            att = by.get(("attention", r["width"]), {}).get(p)
+            free = max(by.get((a, r["width"]), {}).get(p, 0.0) for a in ("mamba2", "gated conv"))
+            ok = att is not None and att - free >= 0.05
+            share = round((acc[p] - free) / (att - free), 3) + 0.0  # + 0.0: no "-0.0%"
+            closed.append(f"{share:.1%}" if ok else "no gap")
+        trained = acc["16"] >= TRAINED_AT and acc["64"] >= TRAINED_AT
+        lines.append(
+            f"| {r['width']} | {r['params'] / 1e6:.2f}M | {r['lr']} | {r['seed']} | {r['steps']} "
+            f"| {r['train_s']} | {'yes' if trained else 'no'} | "
+            + " | ".join(cells)
+            + f" | {' / '.join(closed)} | {card(r)} |"
+        )
+    return "\n".join(lines)
+
+
 def masking_table(runs: list[dict]) -> str:
     lines = [
         "| model | width | pairs | attention layers | top heads (query->value) | induction "
@@ -116,8 +164,10 @@ def masking_table(runs: list[dict]) -> str:
 
 def sweep_table(results: list[tuple[str, dict]]) -> str:
     """Every run of every file (each learning rate), with its validation accuracy."""
-    lines = ["| results | model | width | lr | steps | validation (4 / 16 / 64 pairs) | error |"]
-    lines.append("|---|---|---|---|---|---|---|")
+    lines = [
+        "| results | model | width | lr | seed | steps | validation (4 / 16 / 64 pairs) | error |"
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|")
     for name, res in results:
         lines += [f"| {name} " + line for line in sweep_rows(res)]
     return "\n".join(lines)
@@ -162,13 +212,14 @@ def sweep_rows(res: dict) -> list[str]:
         val = " / ".join(f"{v:.3f}" for v in r.get("val", {}).values()) if "val" in r else ""
         err = r.get("error", r.get("heads_error", ""))[:80]
         lines.append(
-            f"| {r['arch']} | {r['width']} | {r.get('lr', '')} | {r.get('steps', '')} | {val} "
+            f"| {r['arch']} | {r['width']} | {r.get('lr', '')} | {r.get('seed', '')} "
+            f"| {r.get('steps', '')} | {val} "
             f"| {err} |"
         )
     return lines
 
 
-def figure(runs: list[dict], path: Path) -> None:
+def figure(runs: list[dict], path: Path, hybrid2: list[dict] | None = None) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -176,6 +227,7 @@ def figure(runs: list[dict], path: Path) -> None:
     fig = make_subplots(rows=1, cols=len(pairs), subplot_titles=[f"{p} pairs" for p in pairs])
     colors = {"attention": "#1f77b4", "hybrid": "#2ca02c", "mamba2": "#ff7f0e"}
     colors["gated conv"] = "#d62728"
+    two = hybrid2 or []
     for c, p in enumerate(pairs, start=1):
         for arch in ARCH_ORDER:
             rs = sorted((r for r in runs if r["arch"] == arch), key=lambda r: r["width"])
@@ -188,6 +240,20 @@ def figure(runs: list[dict], path: Path) -> None:
                     showlegend=c == 1,
                     mode="lines+markers",
                     line={"color": colors[arch]},
+                ),
+                row=1,
+                col=c,
+            )
+        if two:  # every run, each seed and call: markers, no line (they differ in training)
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["width"] for r in two],
+                    y=[r["accuracy"][str(p)] for r in two],
+                    name="hybrid, 2 attention layers (each run)",
+                    legendgroup="hybrid2",
+                    showlegend=c == 1,
+                    mode="markers",
+                    marker={"color": "#9467bd", "symbol": "diamond"},
                 ),
                 row=1,
                 col=c,
@@ -207,11 +273,13 @@ def main() -> None:
     results = [(Path(a).stem, json.loads(Path(a).read_text())) for a in sys.argv[1:]]
     runs = merged(results)
     docs = Path(__file__).parents[1] / "docs"
-    figure(runs, docs / "zoology.html")
+    figure(runs, docs / "zoology.html", hybrid2_runs(results))
     print(accuracy_table(runs))
     print()
     for pairs in (16, 64):
         print("\n".join(gap_closed(runs, pairs)))
+    print()
+    print(hybrid2_table(results, runs))
     print()
     print(masking_table(runs))
     print()
