@@ -333,13 +333,16 @@ class Plan:
         by = {c["name"]: c for c in conditions}
         table = ablation_table(by, self.config, self.ks)
         ctx.write("ablation.csv", table)
-        k16 = {d: {tuple(h) for h in self.top[d][:16]} for d in DETECTOR_METRICS}
-        names = list(k16)
-        overlaps = {f"{a}-{b}": len(k16[a] & k16[b]) for i, a in enumerate(names)
+        # the top 16 of each detector whatever --ks ablated (self.top stops at the largest k;
+        # the stable sort makes those lists prefixes of these)
+        top16 = {d: top_heads(self.matrices[m], 16) for d, m in DETECTOR_METRICS.items()}
+        sets = {d: set(heads) for d, heads in top16.items()}
+        names = list(sets)
+        overlaps = {f"{a}-{b}": len(sets[a] & sets[b]) for i, a in enumerate(names)
                     for b in names[i + 1 :]}  # fmt: skip
         base = by["none"]
         detectors = {
-            "top": {d: self.top[d][:16] for d in DETECTOR_METRICS},
+            "top": top16,
             "overlaps": overlaps,
             "baseline": {
                 "accuracy": _acc(base["correct"]),

@@ -500,7 +500,9 @@ def test_specificity_ablates_with_the_closed_book_mean(planted, tmp_path, monkey
     data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
     cfg = {"input": str(data), "score_examples": 2, "ks": [1], "random_draws": 1,
            "modes": ["mean", "zero"], "random_from": ["all"]}  # fmt: skip
-    hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
+    run = hh.run("taskheads", cfg, model=m, out=tmp_path / "run")
+    # the top-16 lists and their overlaps cover 16 heads (here all 8), whatever --ks ablated
+    assert all(len(top) == 8 for top in run.json("detectors.json")["top"].values())
     assert len(made) == 1
     ref = [p + a for p, a in I.closed_book_ids(m.tokenizer, I.CLOSED_BOOK_REFERENCE)]
     assert made[0][0] == ref
