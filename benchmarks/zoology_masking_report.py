@@ -32,10 +32,18 @@ def design(name: str) -> str:
     return f"{layers}width {width}, {heads} heads"
 
 
+def again(m: dict) -> str:
+    """Which later call trained the model, where a design and seed were trained more than
+    once: "" (the first), "re-run" (call 11's files) or "call N" (a file named ``..._callN``)."""
+    stem = m["trained_in"]
+    if "rerun" in stem:
+        return "re-run"
+    return f"call {stem.split('_call')[1]}" if "_call" in stem else ""
+
+
 def label(m: dict) -> str:
     """The model's design and seed, and which call's model it is where a design was re-run."""
-    again = ", re-run" if "rerun" in m["trained_in"] else ""
-    return f"{design(m['file'])}, seed {seed(m['file'])}{again}"
+    return f"{design(m['file'])}, seed {seed(m['file'])}" + (f", {again(m)}" if again(m) else "")
 
 
 def seed(name: str) -> int:
@@ -59,7 +67,11 @@ def models(trained: list[Path], reanalysed: list[Path]) -> tuple[list[dict], lis
     for path in reanalysed:
         res = json.loads(path.read_text())
         for m in res["models"]:
-            (run,) = [r for r in by.values() if r["file"] == m["file"]]
+            runs = [r for r in by.values() if r["file"] == m["file"]]
+            # several calls saved the same design and seed under one name: the reanalysed file
+            # is the one whose test accuracy it reproduces (the check lines below show both)
+            run = min(runs, key=lambda r: sum(abs(r["accuracy"][p] - a)
+                                              for p, a in m["accuracy"].items()))  # fmt: skip
             for p, acc in m["accuracy"].items():
                 checks.append(
                     f"{m['file']}: test accuracy at {p} pairs {acc:.4f} on reanalysis "
@@ -149,9 +161,9 @@ def model_table(ms: list[dict]) -> str:
         src = ", ".join(
             f"{p}: {s}" for p, s in sorted(m["source"].items(), key=lambda x: int(x[0]))
         )
-        again = " (re-run)" if "rerun" in m["trained_in"] else ""
+        run = f" ({again(m)})" if again(m) else ""
         lines.append(
-            f"| {design(m['file'])} | {seed(m['file'])}{again} | {m['steps']} | {m['train_s']} | "
+            f"| {design(m['file'])} | {seed(m['file'])}{run} | {m['steps']} | {m['train_s']} | "
             + " / ".join(f"{m['accuracy'][p]:.3f}" for p in ("4", "16", "64"))
             + f" | {min(heads):.3f}-{max(heads):.3f} | {min(ones):.3f}-{max(ones):.3f} | "
             + " / ".join(f"{x:.3f}" for x in pairs)
@@ -193,16 +205,16 @@ def figure(ms: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    def panel(m: dict) -> tuple:  # a re-run's models get panels of their own
-        return (*width_heads(m["file"]), "rerun" in m["trained_in"])
+    def panel(m: dict) -> tuple:  # a later call's models get panels of their own
+        return (*width_heads(m["file"]), again(m))
 
     designs = sorted({panel(m) for m in ms})
     pair_counts = ["16", "64"]
     titles = [
         f"{'2 attn layers, ' if a == 'hybrid2' else ''}width {w}, {h} heads of {w // h}, "
-        f"{p} pairs{', re-run' if again else ''}"
+        f"{p} pairs{', ' + run if run else ''}"
         for p in pair_counts
-        for a, w, h, again in designs
+        for a, w, h, run in designs
     ]
     fig = make_subplots(rows=2, cols=len(designs), subplot_titles=titles)
     colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
