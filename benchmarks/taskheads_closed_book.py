@@ -20,11 +20,8 @@ def kinds() -> dict[str, str]:
     """Prompt -> its kind (the original lists: "original")."""
     from headhunt.heads.inputs import task_closed_book as C
 
-    names = ["days", "months", "number words", "letters", "numbers", "tens", "ordinals",
-             "capitals", "capitals (city first)", "opposites", "sayings", "plurals",
-             "past tense", "word sums", "facts", "languages"]  # fmt: skip
     out = {p: "original" for p, _ in C.ORIGINAL + C.ORIGINAL_REFERENCE}
-    for name, kind in zip(names, C.KINDS, strict=True):
+    for name, kind in C.KINDS.items():
         for p, _ in kind:
             out.setdefault(p, name)
     return out

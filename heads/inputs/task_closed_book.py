@@ -262,26 +262,27 @@ LANGUAGES = [
     ("the Netherlands", "Dutch"), ("England", "English"), ("Finland", "Finnish"),
 ]  # fmt: skip
 
-KINDS: list[list[tuple[str, str]]] = [
-    _runs(DAYS, 3, wrap=True),
-    _runs(MONTHS, 3, wrap=True),
-    _runs(NUMBERS, 3, wrap=False),
-    _runs([chr(ord("A") + i) for i in range(26)], 3, wrap=False),
-    _runs([str(i) for i in range(1, 31)], 3, wrap=False),
-    _runs([str(10 * i) for i in range(1, 11)], 3, wrap=False),
-    _runs(ORDINALS, 3, wrap=False),
+# Each kind by name (the names label the benchmark's counts per kind).
+KINDS: dict[str, list[tuple[str, str]]] = {
+    "days": _runs(DAYS, 3, wrap=True),
+    "months": _runs(MONTHS, 3, wrap=True),
+    "number words": _runs(NUMBERS, 3, wrap=False),
+    "letters": _runs([chr(ord("A") + i) for i in range(26)], 3, wrap=False),
+    "numbers": _runs([str(i) for i in range(1, 31)], 3, wrap=False),
+    "tens": _runs([str(10 * i) for i in range(1, 11)], 3, wrap=False),
+    "ordinals": _runs(ORDINALS, 3, wrap=False),
     # both ways: SmolLM2-135M completes "The capital of X is" (and "CITY is the capital of"
     # with "the island of ..."), Gemma 3 270M the other ("the capital of the ...")
-    [(f"The capital of {c} is", a) for c, a in CAPITALS],
-    [(f"{a} is the capital of", c) for c, a in CAPITALS],
-    [(f"The opposite of {w} is", a) for w, a in OPPOSITES],
-    SAYINGS,
-    [(f"one {w}, two", a) for w, a in PLURALS],
-    [(f"Today I {w}. Yesterday I", a) for w, a in PAST],
-    [(f"{s} equals", a) for s, a in SUMS],
-    FACTS,
-    [(f"People in {c} speak", a) for c, a in LANGUAGES],
-]
+    "capitals": [(f"The capital of {c} is", a) for c, a in CAPITALS],
+    "capitals (city first)": [(f"{a} is the capital of", c) for c, a in CAPITALS],
+    "opposites": [(f"The opposite of {w} is", a) for w, a in OPPOSITES],
+    "sayings": SAYINGS,
+    "plurals": [(f"one {w}, two", a) for w, a in PLURALS],
+    "past tense": [(f"Today I {w}. Yesterday I", a) for w, a in PAST],
+    "word sums": [(f"{s} equals", a) for s, a in SUMS],
+    "facts": FACTS,
+    "languages": [(f"People in {c} speak", a) for c, a in LANGUAGES],
+}
 
 
 def _deal() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -289,7 +290,7 @@ def _deal() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     after the original lists; a prompt already in either set is skipped."""
     evaluated, reference = list(ORIGINAL), list(ORIGINAL_REFERENCE)
     seen = {p for p, _ in evaluated + reference}
-    for kind in KINDS:
+    for kind in KINDS.values():
         fresh = [(p, a) for p, a in kind if p not in seen]
         seen.update(p for p, _ in fresh)
         evaluated += fresh[0::2]

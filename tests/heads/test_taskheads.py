@@ -466,7 +466,7 @@ def test_closed_book_sets_deal_each_kind_to_both_and_keep_the_original_prompts()
     assert book[:24] == C.ORIGINAL and ref[:24] == C.ORIGINAL_REFERENCE
     prompts = [p for p, _ in book + ref]
     assert len(prompts) == len(set(prompts)) and len(book) >= 200 and len(ref) >= 200
-    for kind in C.KINDS:
+    for kind in C.KINDS.values():
         in_book = sum(item in book[24:] for item in kind)
         in_ref = sum(item in ref[24:] for item in kind)
         assert in_book + in_ref >= len(kind) - 2  # (an item already in the originals: skipped)
