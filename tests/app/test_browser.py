@@ -182,12 +182,13 @@ def test_open_a_run_pick_a_head_and_see_its_detail(server, runs_root, tmp_path):
 
 @pytest.fixture
 def slower_model(tmp_path) -> str:
-    """A random Llama big enough that a 2000-token intervention takes seconds on a CPU, so a
-    run switch lands while it computes; of the fixture runs' shape (2 layers x 4 heads), as
-    the app refuses an override model whose heads are not the run's."""
+    """A random Llama big enough that a 2000-token intervention with its control takes ~15 s
+    on an idle 2-core CPU, so a run switch lands while it computes (at width 512 it took 3.9 s
+    on CI and finished before the switch: a flaky test); of the fixture runs' shape (2 layers
+    x 4 heads), as the app refuses an override model whose heads are not the run's."""
     from headhunt.probes.tiny import tiny_llama
 
-    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, d_model=512, max_context=4096)
+    m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, d_model=2048, max_context=4096)
     folder = tmp_path / "slower-model"
     m.model.save_pretrained(folder)
     m.tokenizer.save_pretrained(folder)
@@ -214,6 +215,7 @@ def test_switching_runs_during_an_intervention_keeps_its_result_with_its_run(
         length.press("Enter")
         caption = page.get_by_test_id("stCaptionContainer").filter(has_text="on demand (greedy")
         expect(caption).to_contain_text("slower-model")
+        page.get_by_text("also intervene on as many random heads").click()  # a third answer
         page.get_by_role("button", name="Answer before and after (1-2").click()
         progress = page.get_by_test_id("stProgress")
         expect(progress).to_be_visible(timeout=120_000)  # steps and seconds, not a spinner
@@ -237,8 +239,9 @@ def test_switching_runs_during_an_intervention_keeps_its_result_with_its_run(
         sidebar.get_by_test_id("stSelectbox").first.click()
         page.get_by_role("option", name="retrieval-tiny (retrieval)").click()
         before = page.get_by_role("heading", name="Before: unchanged")
-        expect(before).to_be_visible(timeout=180_000)
+        expect(before).to_be_visible(timeout=300_000)
         expect(page.get_by_role("heading", name="After: query mask")).to_be_visible()
+        expect(page.get_by_role("heading", name="Control: random heads")).to_be_visible()
         keep_screenshot(page, tmp_path, "dashboard_intervention.png")
 
         # Another depth: the answers belong to the old one, so they go.
