@@ -283,27 +283,17 @@ class Plan:
         from headhunt.heads.evaluations.task_ablation import (
             ablation,
             answers_right,
-            reference_means,
+            closed_book_control,
         )
-        from headhunt.heads.inputs.task_inputs import CLOSED_BOOK_REFERENCE, closed_book_ids
 
         evals = [(self.encoded[r.id].ids, self.encoded[r.id].answer_start) for r in self.eval]
         # readout ablations: from the question's first token on
         eval_rows = [self.encoded[r.id].question[0] for r in self.eval]
-        closed, closed_means = [], self.means
-        tok = self.model.tokenizer
-        # a closed-book prompt is all question: its readout rows are every row but the BOS
-        book_row = int(tok.bos_token_id is not None)
         # closed-book prompts are a few tokens each: a few hundred fit one forward
         book_bs = max(self.config.batch_size, CLOSED_BOOK_BATCH)
+        closed, book_rows, closed_means = [], [], self.means
         if self.config.specificity:
-            book = [(p + a, len(p)) for p, a in closed_book_ids(tok)]
-            right = answers_right(self.model, book, batch_size=book_bs)
-            closed = [b for b, ok in zip(book, right, strict=True) if ok]
-            # the specificity control's mean: over other closed-book prompts (never evaluated)
-            ref = [p + a for p, a in closed_book_ids(tok, CLOSED_BOOK_REFERENCE)]
-            closed_means = reference_means(self.model, ref, [book_row] * len(ref))
-        book_rows = [book_row] * len(closed)
+            closed, book_rows, closed_means = closed_book_control(self.model, book_bs)
         done = ctx.done(CONDITIONS, key=lambda r: r["name"])
         share = ctx.todo(list(self.conditions))
         todo = [n for n in share if n not in done]

@@ -144,6 +144,25 @@ def reference_means(
     return mean_outputs(total, first, sums.count, len(sequences), readout, sums.readout_count)
 
 
+def closed_book_control(
+    model: HookedModel, batch_size: int
+) -> tuple[list[tuple[list[int], int]], list[int], dict[str, dict[int, Tensor]]]:
+    """The specificity control's inputs: the closed-book prompts the full model answers, as
+    (ids, answer start), each one's first readout row, and the means a mean ablation puts in
+    there (over the closed-book reference prompts, never evaluated)."""
+    from headhunt.heads.inputs.task_inputs import CLOSED_BOOK_REFERENCE, closed_book_ids
+
+    tok = model.tokenizer
+    # a closed-book prompt is all question: its readout rows are every row but the BOS
+    row = int(tok.bos_token_id is not None)
+    book = [(p + a, len(p)) for p, a in closed_book_ids(tok)]
+    right = answers_right(model, book, batch_size=batch_size)
+    kept = [b for b, ok in zip(book, right, strict=True) if ok]
+    ref = [p + a for p, a in closed_book_ids(tok, CLOSED_BOOK_REFERENCE)]
+    means = reference_means(model, ref, [row] * len(ref))
+    return kept, [row] * len(kept), means
+
+
 def ablation(heads: Sequence[tuple[int, int]], mode: str, means: dict[str, dict[int, Tensor]]):
     """The hook of one ablation (none for no heads); ``means[mode]``: the per-layer means."""
     if not heads:
