@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="the new ablation table (CSV)")
     args = ap.parse_args()
 
+    from headhunt.errors import HeadhuntError
     from headhunt.heads.evaluations.task_ablation import (
         ablation,
         answers_right,
@@ -54,13 +55,17 @@ def main() -> None:
     from headhunt.methods.taskheads import CLOSED_BOOK_BATCH, TaskHeadsConfig, ablation_table
     from headhunt.probes.hooked import load_model
 
-    params = json.loads((args.run / "parameters.json").read_text())
-    config = TaskHeadsConfig.from_dict(params)
+    if not (args.run / "parameters.json").is_file():
+        raise SystemExit(f"error: {args.run} is not a taskheads run (no parameters.json)")
+    config = TaskHeadsConfig.from_dict(json.loads((args.run / "parameters.json").read_text()))
     if args.modes:
         config.modes = [m for m in config.modes if m in args.modes.split(",")]
     records = [c for c in conditions(args.run) if c["name"] == "none" or c["mode"] in config.modes]
 
-    model = load_model(args.model, device="cpu", dtype=args.dtype)
+    try:
+        model = load_model(args.model, device="cpu", dtype=args.dtype)
+    except HeadhuntError as e:
+        raise SystemExit(f"error: {e}") from None
     kept, rows, means = closed_book_control(model, CLOSED_BOOK_BATCH)
     print(f"{args.model} {args.dtype}: {len(kept)} of {len(CLOSED_BOOK)} closed-book prompts kept; "
           f"{len(records)} conditions", flush=True)  # fmt: skip
