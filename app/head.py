@@ -15,6 +15,8 @@ from headhunt.app.views import (
     chosen_view,
     drawable_views,
     go_to,
+    kept,
+    kept_index,
     page_scores,
     scores_or_error,
     without_run,
@@ -166,7 +168,9 @@ def _needle(ctx: Context, layer: int, head: int) -> None:
     st.plotly_chart(fig, key="needle_bars")
     st.dataframe(trials, hide_index=True)
     c1, c2 = st.columns([3, 2])
-    trial = c1.selectbox("trial", list(trials["trial"]), key="needle_trial_pick")
+    ids = list(trials["trial"])
+    pick = kept_index("needle_trial_pick", ids)
+    trial = c1.selectbox("trial", ids, pick, key="needle_trial_pick")
     c2.button(
         "Open this trial in the Head view",
         key="needle_to_head_view",
@@ -179,11 +183,12 @@ def _needle(ctx: Context, layer: int, head: int) -> None:
 def _attention(ctx: Context, layer: int, head: int) -> None:
     st.subheader("Attention on a prompt")
     spec = model_spec(ctx)
-    if "attn_prompt" not in st.session_state:
-        st.session_state["attn_prompt"] = DEFAULT_PROMPT
-    text = st.text_area("prompt (short: at most 512 tokens)", key="attn_prompt")
+    prompt = kept("attn_prompt", DEFAULT_PROMPT)
+    text = st.text_area("prompt (short: at most 512 tokens)", prompt, key="attn_prompt")
     st.caption("A long prompt (up to the model's context): the Head view page.")
-    marks = st.checkbox("mark sink tokens (sinks analyzer)", value=True, key="attn_sinks")
+    marks = st.checkbox(
+        "mark sink tokens (sinks analyzer)", kept("attn_sinks", True), key="attn_sinks"
+    )
     if st.button("Compute attention", key="attn_go"):
         model = load_model_for(ctx, spec)
         if model is None:
@@ -204,8 +209,8 @@ def _attention(ctx: Context, layer: int, head: int) -> None:
     n = len(att.tokens)
     if not 0 <= st.session_state.get("attn_query", n - 1) < n:  # kept from a longer prompt
         st.session_state["attn_query"] = n - 1
-    st.session_state.setdefault("attn_query", n - 1)
-    query = st.slider("query position", 0, n - 1, key="attn_query") if n > 1 else 0
+    at = kept("attn_query", n - 1)
+    query = st.slider("query position", 0, n - 1, at, key="attn_query") if n > 1 else 0
     row = att.row(query)
     st.markdown(
         f"Attention of query {query} (`{att.tokens[query]!r}`) over the keys; the query is "
@@ -235,8 +240,6 @@ def _attention(ctx: Context, layer: int, head: int) -> None:
 
 # --------------------------------------------------------------------------- Interventions
 
-IV_DEFAULTS = {"iv_beta": 0.4, "iv_length": 400, "iv_depth": 50, "iv_seed": 0}
-
 
 def interventions_page(ctx: Context) -> None:
     scores = page_scores(ctx, "Interventions")
@@ -264,32 +267,40 @@ def interventions_page(ctx: Context) -> None:
     picked = st.multiselect(
         "heads from the run's top heads",
         options,
-        default=None if pick_key in st.session_state else options[: min(3, len(options))],
+        default=kept(pick_key, options[: min(3, len(options))]),
         format_func=lambda h: f"{h} ({values[h]:.3g})",
         key=pick_key,
     )
-    typed = st.text_input("or type heads (LAYER-HEAD, comma separated)", "", key="iv_typed")
+    typed = st.text_input(
+        "or type heads (LAYER-HEAD, comma separated)", kept("iv_typed", ""), key="iv_typed"
+    )
     try:
         heads = list(dict.fromkeys(hi.parse_heads(",".join([*picked, typed]), n_layers, n_heads)))
     except HeadhuntError as e:
         st.error(str(e))
         return
-    # Defaults in the session (not in the widgets): the values are kept across pages.
-    for key, value in IV_DEFAULTS.items():
-        st.session_state.setdefault(key, value)
     c1, c2, c3 = st.columns(3)
-    how = c1.radio("intervention", ["mask", "act"], format_func=_how_label, key="iv_how")
-    mode = c2.selectbox("mask mode", ["query", "output"], key="iv_mode", disabled=how != "mask")
-    beta = c3.slider("ACT beta", 0.0, 1.0, step=0.05, key="iv_beta", disabled=how != "act")
+    hows, modes = ["mask", "act"], ["query", "output"]
+    how = c1.radio(
+        "intervention", hows, kept_index("iv_how", hows), format_func=_how_label, key="iv_how"
+    )
+    mode = c2.selectbox(
+        "mask mode", modes, kept_index("iv_mode", modes), key="iv_mode", disabled=how != "mask"
+    )
+    beta = c3.slider(
+        "ACT beta", 0.0, 1.0, kept("iv_beta", 0.4), 0.05, key="iv_beta", disabled=how != "act"
+    )
     from headhunt.heads.inputs.needles import NEEDLES
 
     c1, c2, c3, c4 = st.columns(4)
-    needle = c1.selectbox("needle", list(NEEDLES), key="iv_needle")
-    length = c2.number_input("prompt tokens", 64, 2000, step=50, key="iv_length")
-    depth = c3.slider("needle depth %", 0, 100, step=5, key="iv_depth")
-    seed = c4.number_input("seed", 0, 10_000, key="iv_seed")
+    needles = list(NEEDLES)
+    needle = c1.selectbox("needle", needles, kept_index("iv_needle", needles), key="iv_needle")
+    length = c2.number_input("prompt tokens", 64, 2000, kept("iv_length", 400), 50, key="iv_length")
+    depth = c3.slider("needle depth %", 0, 100, kept("iv_depth", 50), 5, key="iv_depth")
+    seed = c4.number_input("seed", 0, 10_000, kept("iv_seed", 0), key="iv_seed")
     control = st.checkbox(
         "also intervene on as many random heads (a control: does any set of heads do this?)",
+        kept("iv_control", False),
         key="iv_control",
     )
     spec = model_spec(ctx)

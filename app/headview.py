@@ -15,7 +15,7 @@ import streamlit as st
 from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.app.head import DEFAULT_PROMPT, load_model_for, model_spec
-from headhunt.app.views import Context, without_run
+from headhunt.app.views import Context, kept, kept_index, without_run
 from headhunt.errors import HeadhuntError
 from headhunt.probes.headview import HeadView
 from headhunt.views import headview as hv
@@ -46,9 +46,10 @@ def head_view_page(ctx: Context) -> None:
         "value, narrow the range below for every value."
     )
     sources = [s for s in SOURCES if s != "trial" or hi.NEEDLE_TRIALS in ctx.entry.panels]
-    if st.session_state.get("hv_source") not in sources:
-        st.session_state["hv_source"] = sources[0]
-    source = st.radio("prompt", sources, format_func=SOURCES.get, key="hv_source", horizontal=True)
+    at = kept_index("hv_source", sources)
+    source = st.radio(
+        "prompt", sources, at, format_func=SOURCES.get, key="hv_source", horizontal=True
+    )
     spec = model_spec(ctx)
     key = _request(ctx, source, spec, layer, head)
     if key is None:
@@ -64,7 +65,7 @@ def _request(ctx: Context, source: str, spec: str, layer: int, head: int):
     """The widgets of the chosen source and the Compute button; the key of the view they ask
     for (None when the page cannot go on)."""
     if source == "file":
-        path = st.text_input("head view file (.npz)", key="hv_file")
+        path = st.text_input("head view file (.npz)", kept("hv_file", ""), key="hv_file")
         if st.button("Open this head view", key="hv_open_go") and path:
             try:
                 view = HeadView.load(Path(path).expanduser())
@@ -74,13 +75,10 @@ def _request(ctx: Context, source: str, spec: str, layer: int, head: int):
             st.session_state["hv_view"] = (("file", path), view, None)
         return ("file", path)
     if source == "haystack":
-        st.session_state.setdefault("hv_tokens", 2000)
-        n = st.number_input("tokens", 2, 1_000_000, step=500, key="hv_tokens")
+        n = st.number_input("tokens", 2, 1_000_000, kept("hv_tokens", 2000), 500, key="hv_tokens")
         what = ("haystack", int(n))
     elif source == "text":
-        if "hv_text" not in st.session_state:
-            st.session_state["hv_text"] = DEFAULT_PROMPT
-        text = st.text_area("prompt", key="hv_text", height=120)
+        text = st.text_area("prompt", kept("hv_text", DEFAULT_PROMPT), key="hv_text", height=120)
         what = ("text", text)
     else:
         trials = data.needle_trials(ctx.entry.path, layer, head)
@@ -88,9 +86,7 @@ def _request(ctx: Context, source: str, spec: str, layer: int, head: int):
         if not ids:
             st.info("This run keeps no trials.")
             return None
-        if st.session_state.get("hv_trial") not in ids:
-            st.session_state["hv_trial"] = ids[0]
-        trial = st.selectbox("trial", ids, key="hv_trial")
+        trial = st.selectbox("trial", ids, kept_index("hv_trial", ids), key="hv_trial")
         what = ("trial", str(ctx.entry.path), trial)
     key = (spec, layer, head, *what)
     if st.button(f"Compute the head view of {layer}-{head}", key="hv_go"):
@@ -129,12 +125,12 @@ def _show(view: HeadView, span: tuple[int, int] | None) -> None:
     for key, low, high in (("hv_from", 0, n - 1), ("hv_to", 1, n), ("hv_query", 0, n - 1)):
         state[key] = min(high, max(low, int(state.get(key, high))))
     c1, c2, c3 = st.columns(3)
-    start = int(c1.number_input("from query / key", 0, n - 1, key="hv_from"))
-    stop = int(c2.number_input("to (exclusive)", 1, n, key="hv_to"))
+    start = int(c1.number_input("from query / key", 0, n - 1, state["hv_from"], key="hv_from"))
+    stop = int(c2.number_input("to (exclusive)", 1, n, state["hv_to"], key="hv_to"))
     if stop <= start:
         st.error(f"the range {start}..{stop} is empty: 'to' must exceed 'from'")
         return
-    query = int(c3.number_input("query (exact row)", 0, n - 1, key="hv_query"))
+    query = int(c3.number_input("query (exact row)", 0, n - 1, state["hv_query"], key="hv_query"))
     st.caption(
         f"{stop - start:,} positions shown in at most {hv.BINS} bins"
         + (" (exact: one position per point)" if stop - start <= hv.BINS else "")

@@ -14,7 +14,15 @@ from headhunt import inspect as hi
 from headhunt.app import data
 from headhunt.app.head import head_detail_page, interventions_page
 from headhunt.app.headview import head_view_page
-from headhunt.app.views import PAGES, Context, circuits_page, heads_map_page, runs_page
+from headhunt.app.views import (
+    PAGES,
+    Context,
+    circuits_page,
+    heads_map_page,
+    kept,
+    kept_index,
+    runs_page,
+)
 from headhunt.errors import HeadhuntError
 
 RENDER = {
@@ -27,40 +35,46 @@ RENDER = {
 }
 
 
-# Settings of the pages' widgets. Streamlit drops a widget's value from the session at the end
-# of any run that does not draw it (another page is open), so leaving a page would reset them;
-# writing each value back at the start of every run makes it the session's own, and it stays
-# (Streamlit's documented way to keep widget values across pages). Buttons and charts are left
-# out: their values cannot be set.
-KEPT_SETTINGS = (
-    "iv_typed",
-    "iv_how",
-    "iv_mode",
-    "iv_beta",
-    "iv_needle",
-    "iv_length",
-    "iv_depth",
-    "iv_seed",
-    "iv_control",
-    "attn_prompt",
-    "attn_sinks",
-    "attn_query",
-    "hv_source",
-    "hv_tokens",
-    "hv_text",
-    "hv_trial",
-    "hv_file",
-    "hv_from",
-    "hv_to",
-    "hv_query",
-    "needle_trial_pick",
-)
-KEPT_PREFIXES = ("iv_top::",)  # the heads picked, per run and ranking
+# Settings of the pages' widgets, by the page that draws them. Streamlit drops a widget's
+# value from the session at the end of any run that does not draw it (another page is open),
+# so leaving a page would reset them; writing each value back at the start of every run on
+# another page makes it the session's own, and it stays (Streamlit's documented way to keep
+# widget values across pages). Not on the widget's own page: a value written back there is
+# sent to the browser as set by the script, and one sent while the user changes the widget
+# undid the change (settings lost now and then in the browser tests on a busy machine).
+# Buttons and charts are left out: their values cannot be set.
+KEPT_SETTINGS = {
+    "Interventions": (
+        "iv_typed",
+        "iv_how",
+        "iv_mode",
+        "iv_beta",
+        "iv_needle",
+        "iv_length",
+        "iv_depth",
+        "iv_seed",
+        "iv_control",
+        "iv_top::",  # the heads picked, per run and ranking (a prefix)
+    ),
+    "Head detail": ("attn_prompt", "attn_sinks", "attn_query", "needle_trial_pick"),
+    "Head view": (
+        "hv_source",
+        "hv_tokens",
+        "hv_text",
+        "hv_trial",
+        "hv_file",
+        "hv_from",
+        "hv_to",
+        "hv_query",
+    ),
+}
 
 
-def _keep_settings() -> None:
+def _keep_settings(page: str) -> None:
+    """Write back the kept settings of the pages other than ``page`` (the one drawn now)."""
+    names = [k for other, keys in KEPT_SETTINGS.items() if other != page for k in keys]
     for key in list(st.session_state):
-        if key in KEPT_SETTINGS or key.startswith(KEPT_PREFIXES):
+        if any(key == k or (k.endswith("::") and key.startswith(k)) for k in names):
             st.session_state[key] = st.session_state[key]
 
 
@@ -87,11 +101,13 @@ def _from_url() -> None:
 
 
 def _sidebar() -> Context:
+    # Each widget also gets the session's value as its default (views.kept says why): without
+    # it, a link's page and run were lost now and then on a busy machine.
     sb = st.sidebar
     sb.title("headhunt")
-    if "runs_root" not in st.session_state:
-        st.session_state["runs_root"] = data.default_runs_root()
-    root = sb.text_input("runs folder", key="runs_root")
+    root = sb.text_input(
+        "runs folder", kept("runs_root", data.default_runs_root()), key="runs_root"
+    )
     if sb.button("Reload runs"):
         data.scan.clear()
     entries = data.scan(root)
@@ -110,6 +126,7 @@ def _sidebar() -> Context:
     path = sb.selectbox(
         "run",
         paths,
+        index=paths.index(st.session_state["run"]) if paths else None,
         format_func=lambda p: f"{names[p]} ({next(e.method for e in ok if str(e.path) == p)})",
         key="run",
     )
@@ -119,7 +136,7 @@ def _sidebar() -> Context:
     bad = len(entries) - len(ok)
     if bad:
         sb.caption(f"{bad} run folder(s) cannot be shown: see the Runs page.")
-    page = sb.radio("page", PAGES, key="page")
+    page = sb.radio("page", PAGES, kept_index("page", PAGES), key="page")
     entry = next((e for e in ok if str(e.path) == path), None)
     layer = head = 0
     if entry is not None:
@@ -135,8 +152,8 @@ def _sidebar() -> Context:
             if not 0 <= int(st.session_state.get(key, 0)) < n:
                 st.session_state[key] = 0
         c1, c2 = sb.columns(2)
-        layer = c1.number_input("layer", 0, n_layers - 1, step=1, key="layer")
-        head = c2.number_input("head", 0, n_heads - 1, step=1, key="head")
+        layer = c1.number_input("layer", 0, n_layers - 1, kept("layer", 0), 1, key="layer")
+        head = c2.number_input("head", 0, n_heads - 1, kept("head", 0), 1, key="head")
         sb.text_input(
             "model for on-demand views",
             key="model_override",
@@ -178,7 +195,7 @@ def _link_warning(ctx: Context) -> None:
 def main() -> None:
     st.set_page_config(page_title="headhunt", page_icon=":mag:", layout="wide")
     _from_url()
-    _keep_settings()
+    _keep_settings(st.session_state.get("page", PAGES[0]))
     ctx = _sidebar()
     page = st.session_state.get("page", PAGES[0])
     _link_warning(ctx)

@@ -32,6 +32,23 @@ class Context:
         return [e for e in self.entries if e.ok]
 
 
+def kept(key: str, default):
+    """A page setting's value now: the session's, else ``default`` (which becomes the
+    session's). Its widget gets it as its own default as well as by ``key``: a value set in
+    the session reaches the browser only in that run's message, and a browser that drew the
+    widget from a later run's message (fast clicks on a busy machine) took the widget's
+    default instead, and sent it back."""
+    return st.session_state.setdefault(key, default)
+
+
+def kept_index(key: str, options: list, default: int = 0) -> int:
+    """:func:`kept` for a radio or selectbox: the index of the session's value in ``options``
+    (``default`` when it is not one of them; the value becomes that option)."""
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = options[default]
+    return options.index(st.session_state[key])
+
+
 def go_to(page: str, **state) -> None:
     """Switch page (and set the head) from a widget callback, before widgets are drawn."""
     for k, v in state.items():

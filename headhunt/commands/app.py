@@ -52,6 +52,10 @@ def streamlit_argv(args: argparse.Namespace) -> list[str]:
         "false",
         "--client.toolbarMode",
         "minimal",  # no "Deploy" button: this is a local tool
+        # The sidebar gives each widget the session's value as its default too (app/main.py
+        # says why); Streamlit would log a stack trace for that once per server.
+        "--global.disableWidgetStateDuplicationWarning",
+        "true",
         "--",
         "--runs",
         str(Path(args.runs).expanduser().resolve()),
