@@ -513,6 +513,43 @@ def test_specificity_ablates_with_the_closed_book_mean(planted, tmp_path, monkey
     assert sum(means is closed_means for means in mean_calls) == 4
 
 
+def test_closed_book_control_keeps_exactly_the_prompts_the_model_answers(planted, monkeypatch):
+    """Planted: of four closed-book prompts, two end in the model's own greedy next word and
+    two in another word; the control keeps exactly the two (at any batch size), reads out from
+    the first row after the BOS, and takes its means over the reference prompts alone."""
+    import torch
+
+    from headhunt.heads.evaluations import task_ablation as A
+    from headhunt.heads.inputs import task_inputs as I
+
+    m, _ = planted
+    tok = m.tokenizer
+    prompts = ["the city is", "a key is", "the vault is", "one two three"]
+
+    def greedy(prompt: str) -> str:
+        ids = [tok.bos_token_id, *tok(prompt, add_special_tokens=False).input_ids]
+        with torch.inference_mode():
+            logits = m.model(torch.tensor([ids])).logits[0, -1]
+        return tok.decode([int(logits.argmax())]).strip()
+
+    own = [greedy(p) for p in prompts]
+    other = [next(w for w in ("blue", "red", "seven") if w != o) for o in own]
+    book = [(p, own[i] if i % 2 == 0 else other[i]) for i, p in enumerate(prompts)]
+    reference = [("the sea is", "blue"), ("a door is", "red")]
+    monkeypatch.setattr(I, "CLOSED_BOOK", book)
+    monkeypatch.setattr(I, "CLOSED_BOOK_REFERENCE", reference)
+    want = [(p + a, len(p)) for p, a in I.closed_book_ids(tok, book[0::2])]
+    ref = [p + a for p, a in I.closed_book_ids(tok, reference)]
+    direct = A.reference_means(m, ref, [1] * len(ref))
+    for batch_size in (1, 3):
+        kept, rows, means = A.closed_book_control(m, batch_size)
+        assert kept == want and rows == [1, 1]
+        assert means.keys() == direct.keys()
+        for mode in means:
+            for layer, mean in means[mode].items():
+                torch.testing.assert_close(mean, direct[mode][layer])
+
+
 def test_row_probabilities_equal_attention_probs_at():
     """The capture's rows (exp(score - lse)) are attention_probs_at's numbers, on a sliding
     layer past its window too (tiny Gemma 3)."""
