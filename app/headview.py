@@ -123,7 +123,9 @@ def _show(view: HeadView, span: tuple[int, int] | None) -> None:
         state["hv_shown"] = (view.model, view.layer, view.head, n)
         state["hv_from"], state["hv_to"], state["hv_query"] = 0, n, n - 1
     for key, low, high in (("hv_from", 0, n - 1), ("hv_to", 1, n), ("hv_query", 0, n - 1)):
-        state[key] = min(high, max(low, int(state.get(key, high))))
+        inside = min(high, max(low, int(state.get(key, high))))
+        if state.get(key) != inside:  # written only when it moves (see main.KEPT_SETTINGS)
+            state[key] = inside
     c1, c2, c3 = st.columns(3)
     start = int(c1.number_input("from query / key", 0, n - 1, state["hv_from"], key="hv_from"))
     stop = int(c2.number_input("to (exclusive)", 1, n, state["hv_to"], key="hv_to"))
