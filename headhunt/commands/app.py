@@ -52,8 +52,8 @@ def streamlit_argv(args: argparse.Namespace) -> list[str]:
         "false",
         "--client.toolbarMode",
         "minimal",  # no "Deploy" button: this is a local tool
-        # The sidebar gives each widget the session's value as its default too (app/main.py
-        # says why); Streamlit would log a stack trace for that once per server.
+        # A widget whose value the session sets gets that value as its default too
+        # (app/views.py, kept, says why); Streamlit would log a stack for that once per server.
         "--global.disableWidgetStateDuplicationWarning",
         "true",
         "--",
