@@ -121,12 +121,12 @@ def _sidebar() -> Context:
         if problem is not None:
             fallback = paths[0] if paths else None
             st.session_state["_link_problem"] = (problem, fallback)
-    if st.session_state.get("run") not in paths:
-        st.session_state["run"] = paths[0] if paths else None
+    if not paths:
+        st.session_state["run"] = None
     path = sb.selectbox(
         "run",
         paths,
-        index=paths.index(st.session_state["run"]) if paths else None,
+        index=kept_index("run", paths) if paths else None,  # else the first run
         format_func=lambda p: f"{names[p]} ({next(e.method for e in ok if str(e.path) == p)})",
         key="run",
     )

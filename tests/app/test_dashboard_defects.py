@@ -146,17 +146,19 @@ def test_ngram_views_with_nothing_to_rank_are_not_offered(monkeypatch, runs_root
     assert PLANTED
 
 
-def drawn_default(widget):
-    """What a widget's own default (its message's) says, as its value or index says it."""
-    default = widget.proto.default
-    if hasattr(widget, "indices"):  # a multiselect: indices of the options
-        return list(default), widget.indices
-    if hasattr(widget, "index"):  # a radio or a selectbox
-        return default, widget.index
-    if isinstance(widget.value, (list, tuple)) or type(widget).__name__ == "Slider":
-        value = widget.value
-        return list(default), list(value) if isinstance(value, (list, tuple)) else [value]
-    return default, widget.value
+def assert_drawn_defaults(widgets) -> None:
+    """Each widget's own default (in its message) says what its value says."""
+    for w in widgets:
+        default = w.proto.default
+        if hasattr(w, "indices"):  # a multiselect: indices of the options
+            default, value = list(default), w.indices
+        elif hasattr(w, "index"):  # a radio or a selectbox
+            value = w.index
+        elif type(w).__name__ == "Slider":  # one handle: a list of one
+            default, value = list(default), [w.value]
+        else:
+            value = w.value
+        assert default == value, (w.key, default, value)
 
 
 def test_every_kept_widget_draws_the_sessions_value_as_its_default(monkeypatch, runs_root):
@@ -182,9 +184,7 @@ def test_every_kept_widget_draws_the_sessions_value_as_its_default(monkeypatch, 
     page = [at.radio(key="iv_how"), at.slider(key="iv_beta"), at.selectbox(key="iv_needle")]
     page += [at.number_input(key="iv_length"), at.checkbox(key="iv_control")]
     page += [at.text_input(key="iv_typed"), at.multiselect[0]]
-    for widget in sidebar + page:
-        default, value = drawn_default(widget)
-        assert default == value, (widget.key, default, value)
+    assert_drawn_defaults(sidebar + page)
     assert at.sidebar.number_input(key="layer").value == 1  # the link's, kept
     assert at.radio(key="iv_how").value == "act" and at.number_input(key="iv_length").value == 900
 
@@ -193,7 +193,5 @@ def test_every_kept_widget_draws_the_sessions_value_as_its_default(monkeypatch, 
     goto(at, "Runs")
     goto(at, "Head view")
     at.run()
-    for widget in (at.radio(key="hv_source"), at.number_input(key="hv_tokens")):
-        default, value = drawn_default(widget)
-        assert default == value, (widget.key, default, value)
+    assert_drawn_defaults([at.radio(key="hv_source"), at.number_input(key="hv_tokens")])
     assert at.number_input(key="hv_tokens").value == 777
