@@ -19,7 +19,7 @@
 # Settings (settings.env): TASKS (multidoc kv; TASKS_smol, TASKS_gemma: one model's own),
 # MD_DOCS, MD_WORDS, KV_DOCS, MD_MODES, KV_MODES, EVAL (evaluation examples), SCORE (scoring
 # examples), KS (KS_kv, KS_multidoc: one task's own, in the order they run), DRAWS, MODELS
-# (smol gemma).
+# (smol gemma), DETECTORS (default copy,query,write).
 #   bash benchmarks/taskheads_readout_gpu.sh stage STAGE SMOL_XZ GEMMA_GZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out; PER (default 47,000,000) bytes a
 #       folder: the call's tree (the repository's, about 17 MB) and the folder stay under 64 MiB.
@@ -99,7 +99,8 @@ run_task() {  # run_task NAME TASK: one taskheads run (KS_<task>, - as _, overri
   fi
   $PY -m headhunt taskheads --model $G/$1.gguf --task "$2" --docs "$docs" --doc-words "$words" \
     --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$ks" --modes "$modes" \
-    --random-from all,outside --random-draws "$DRAWS" --batch-size 64 --out "$out" --force \
+    --random-from all,outside --random-draws "$DRAWS" --detectors "${DETECTORS:-copy,query,write}" \
+    --batch-size 64 --out "$out" --force \
     >"$out.log" 2>&1
   echo "exit $?" >>"$out.log"
 }
