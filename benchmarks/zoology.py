@@ -49,6 +49,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -372,7 +373,9 @@ def main() -> None:
         deadline = float(sys.argv[sys.argv.index("--deadline") + 1])
     else:
         deadline = seconds + (600 if smoke else 180)
-    work = Path(os.environ.get("ZOOLOGY_TMP", "/tmp/zoology"))
+    # A folder of its own unless ZOOLOGY_TMP names one: the workers' records are run0.json,
+    # run1.json, ..., so two invocations sharing a folder overwrite each other's (calls 12, 14).
+    work = Path(os.environ.get("ZOOLOGY_TMP") or tempfile.mkdtemp(prefix="zoology-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     data_s = make_data(work / "data.pt", smoke)
