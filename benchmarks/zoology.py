@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -375,6 +376,7 @@ def main() -> None:
         deadline = seconds + (600 if smoke else 180)
     # A folder of its own unless ZOOLOGY_TMP names one: the workers' records are run0.json,
     # run1.json, ..., so two invocations sharing a folder overwrite each other's (calls 12, 14).
+    own = not os.environ.get("ZOOLOGY_TMP")
     work = Path(os.environ.get("ZOOLOGY_TMP") or tempfile.mkdtemp(prefix="zoology-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -443,6 +445,8 @@ def main() -> None:
     result = write_result(out_path, result, procs, t0)
     for run in result["runs"]:
         print(summary(run))
+    if own:  # the workers' records are in OUT now (a failed run with its log's tail)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def collect(job: dict, out: Path, proc: subprocess.Popen, log) -> dict:
