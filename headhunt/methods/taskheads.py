@@ -269,10 +269,12 @@ class Plan:
                         self.conditions[f"random/{mode}/{k}/{i}"] = {"heads": s, "mode": mode}
                 if "outside" not in config.random_from or 2 * k > n_total:
                     continue  # (no k heads outside a top k: no outside control at that k)
-                for j, d in enumerate(config.detectors):
+                for d in config.detectors:
                     # k heads none of which is in the detector's top k: the control Wu et al.
                     # describe (random non-retrieval heads), so a draw cannot hold the heads
-                    # whose effect it is the baseline for
+                    # whose effect it is the baseline for. Seeded by the detector's place in
+                    # DETECTOR_METRICS, not in --detectors: the same draws whichever detectors run.
+                    j = list(DETECTOR_METRICS).index(d)
                     sets = random_head_sets(model.n_layers, model.n_heads, k, config.random_draws,
                                             exclude=self.top[d][:k],
                                             seed=(config.seed * 7919 + k) * 31 + j + 1)  # fmt: skip

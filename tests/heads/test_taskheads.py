@@ -389,6 +389,24 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     assert (table[(table.detector == "copy") & (table.k == 2)].random_outside == 1.0).all()
 
 
+def test_a_detectors_outside_draws_do_not_depend_on_which_detectors_run(planted, tmp_path):
+    """A run of one detector (--detectors query) draws that detector's outside control as a run
+    of all three does, so a smaller run repeats a larger one's draws."""
+    m, _ = planted
+    rows = [{"context": e.documents, "question": e.question, "answer": e.answer, "lead": e.lead}
+            for e in planted_examples(4)]  # fmt: skip
+    data = tmp_path / "task.jsonl"
+    data.write_text("\n".join(__import__("json").dumps(r) for r in rows))
+    draws = {}
+    for detectors in (["copy", "query", "write"], ["query"]):
+        cfg = {"input": str(data), "score_examples": 2, "ks": [2], "random_draws": 3,
+               "modes": ["zero"], "detectors": detectors, "specificity": False}  # fmt: skip
+        run = hh.run("taskheads", cfg, model=m, out=tmp_path / "-".join(detectors))
+        draws[len(detectors)] = {c["name"]: c["heads"] for c in read_jsonl(
+            run.path / "conditions.jsonl") if c["name"].startswith("outside/query/")}  # fmt: skip
+    assert len(draws[1]) == 3 and draws[1] == draws[3]
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_reusing_the_documents_cache_gives_the_scores_of_two_whole_passes(family):
     """The null pass on the documents' KV cache (and the teacher-forced suffix after a cached
