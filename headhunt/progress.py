@@ -1,7 +1,13 @@
 """Cost up front: every method's units of work go through :class:`UnitProgress`, which times the
-first unit, prints one line with what the run will cost on this device, and keeps a progress
+first units, prints one line with what the run will cost on this device, and keeps a progress
 bar whose time left comes from the measured cost (per stage, e.g. per context length, and in
 all).
+
+The first unit pays what is paid once (a GPU's kernels compiled and tuned, caches filled: on an
+H200 a taskheads run's first example took 13.2 s and the next ones about 0.2 s), so with three
+units or more the estimate waits for the second: the first unit's seconds, plus the second's
+seconds per weight times the weight after the first. The time left leaves the first unit out
+the same way.
 
 Units may be uneven (a decoding batch of 2,000-token trials costs four times one of 500): a
 method gives each unit a ``weight`` in whatever its cost grows with (tokens), and the time
@@ -64,10 +70,10 @@ def span(values: Sequence[Hashable], unit: str) -> str:
 class UnitProgress(Generic[T]):
     """Iterate over a method's units of work (its share not done yet), timing each.
 
-    After the first unit, one line: "<method>: <items>, <stages>, about <time> on <device>
-    (first <unit> <seconds> s)" (with "left of" when resumed); every unit moves a progress bar
-    that shows the time left in the current stage and in all, from the measured seconds per
-    weight so far.
+    After the second unit (the first, where there are only two), one line: "<method>: <items>,
+    <stages>, about <time> on <device> (first <unit> <seconds> s, next <seconds> s)" (with
+    "left of" when resumed); every unit moves a progress bar that shows the time left in the
+    current stage and in all, from the measured seconds per weight after the first unit.
 
     Attributes:
         units: the units this process will do, in order.
@@ -117,6 +123,7 @@ class UnitProgress(Generic[T]):
             left_in_stage[s] = left_in_stage.get(s, 0.0) + w
         left = sum(weights)
         spent = done = 0.0
+        first: tuple[float, float] = (0.0, 0.0)  # the first unit's seconds and weight
         bar = tqdm(
             total=items,
             desc=f"{self.method} {self.what}s".strip() if self.what else self.method,
@@ -133,20 +140,30 @@ class UnitProgress(Generic[T]):
                 seconds = clock() - t0
                 spent, done, left = spent + seconds, done + w, left - w
                 left_in_stage[s] -= w
-                per_weight = spent / done if done > 0 else float("nan")
-                if i == 0 and len(units) > 1:
-                    self._estimate(units, weights, stages, items, seconds, w)
+                if i == 0:
+                    first = (seconds, w)
+                warm_s, warm_w = (spent, done) if i == 0 else (spent - first[0], done - first[1])
+                per_weight = warm_s / warm_w if warm_w > 0 else float("nan")
+                if (i == 0 and len(units) == 2) or (i == 1 and len(units) > 2):
+                    self._estimate(units, weights, stages, items, first, per_weight, i)
                 bar.set_postfix_str(self._eta(s, left_in_stage.get(s, 0.0), left, per_weight))
                 bar.update(self._count(unit))
         finally:
             bar.close()
 
-    def _estimate(self, units, weights, stages, items, seconds, first_weight) -> None:
-        """The one line, from the first unit: its seconds per weight times all the weight."""
-        total = sum(weights)
-        self.estimate_s = seconds / first_weight * total if first_weight > 0 else float("nan")
+    def _estimate(self, units, weights, stages, items, first, per_weight, i) -> None:
+        """The one line: the first unit's seconds, and the seconds per weight measured after it
+        (from the first itself when it is one of two) times the weight after the first."""
+        seconds, first_weight = first
+        rest = sum(weights) - first_weight
+        self.estimate_s = seconds + per_weight * rest if rest > 0 else seconds
         n_first = self._count(units[0])
-        first = f"first {self.what}" if n_first == 1 else f"first {n_first} {self.what}s together"
+        first_text = (
+            f"first {self.what}" if n_first == 1 else f"first {n_first} {self.what}s together"
+        )
+        measured = f"{first_text} {seconds:.1f} s"
+        if i == 1:
+            measured += f", next {per_weight * weights[1]:.1f} s"
         head = plural(items, self.what)
         if self.done_before:
             head = f"{head} left of {items + self.done_before}"
@@ -156,7 +173,7 @@ class UnitProgress(Generic[T]):
         where = f" on {self.device}" if self.device else ""
         self.line = (
             f"{self.method + ': ' if self.method else ''}{', '.join(parts)}, about "
-            f"{duration(self.estimate_s)}{where} ({first} {seconds:.1f} s)"
+            f"{duration(self.estimate_s)}{where} ({measured})"
         )
         if self.say is not None:
             self.say(self.line)
