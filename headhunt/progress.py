@@ -4,7 +4,7 @@ bar whose time left comes from the measured cost (per stage, e.g. per context le
 all).
 
 The first unit pays what is paid once (a GPU's kernels compiled and tuned, caches filled: on an
-H200 a taskheads run's first example took 13.2 s and the next ones about 0.2 s), so with three
+H200 a taskheads run's first example took 13.2 s and the next ones about 0.3 s), so with three
 units or more the estimate waits for the second: the first unit's seconds, plus the second's
 seconds per weight times the weight after the first. The time left leaves the first unit out
 the same way.
