@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26's causal check on the plain bundled multi-document task, both real models, on one
 # lent GPU, in calls that follow each other at once (the machine keeps /tmp between calls).
-# Each call carries one folder of the stage (STAGE/cN):
+# Each call carries one folder of the stage (STAGE/cN; the transfer chain of gpu_pieces.sh):
 #   c0: src.tgz (`git archive HEAD` of the package and three benchmarks scripts), files/
 #       (the wheels gguf, bm25s, plotly; Gemma 3's tokenizer as transformers 5.24 builds it and
 #       its weights' fingerprint: taskheads_gguf_fix.py says why; settings.env), and pieces;
@@ -20,77 +20,25 @@
 #   bash benchmarks/taskheads_multidoc_gpu.sh stage STAGE GEMMA_GZ SMOL_XZ FILES SETTINGS
 #       (here, not on the GPU machine) lays the folders out: FILES holds the wheels, the
 #       tokenizer and the fingerprint; the pieces are cut so that every folder carries about
-#       the same bytes (PER, default 49,000,000), Gemma 3's bytes first (its run starts while
+#       the same bytes (PER, default 45,000,000), Gemma 3's bytes first (its run starts while
 #       SmolLM2's still travel).
 set -u
+. "$(dirname "$0")/gpu_pieces.sh"
 if [ "$1" = stage ]; then
-  ST=$2 GZ=$3 XZ=$4 FILES=$5 PER=${PER:-49000000}
+  ST=$2 GZ=$3 XZ=$4 FILES=$5 PER=${PER:-45000000}
   rm -rf "$ST" && mkdir -p "$ST/c0/files"
   git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
     benchmarks/taskheads_single_heads.py benchmarks/taskheads_accuracy.py | gzip >"$ST/c0/src.tgz"
-  cp "$FILES"/*.json "$FILES"/*.xz "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
-  cp "$FILES"/*.whl "$ST/c0/files/"
-  # one stream, Gemma's bytes then SmolLM2's, cut into folders of PER bytes (c0: less what
-  # it holds already); each folder gets its part of each model as NAME.NN
-  gz=$(stat -c %s "$GZ") xz=$(stat -c %s "$XZ") used=$(du -cb "$ST/c0" | tail -1 | cut -f1)
-  off=0 c=0 ng=0 ns=0
-  while [ $off -lt $((gz + xz)) ]; do
-    room=$((PER - (c == 0 ? used : 0)))
-    end=$((off + room < gz + xz ? off + room : gz + xz))
-    mkdir -p "$ST/c$c"
-    if [ $off -lt "$gz" ]; then
-      e=$((end < gz ? end : gz))
-      tail -c +$((off + 1)) "$GZ" | head -c $((e - off)) >"$ST/c$c/gemma.$(printf %02d $ng)"
-      ng=$((ng + 1))
-    fi
-    if [ "$end" -gt "$gz" ]; then
-      s=$((off > gz ? off : gz))
-      tail -c +$((s - gz + 1)) "$XZ" | head -c $((end - s)) >"$ST/c$c/smol.$(printf %02d $ns)"
-      ns=$((ns + 1))
-    fi
-    off=$end c=$((c + 1))
-  done
-  echo $ng >"$ST/c0/gemma.npieces" && echo $ns >"$ST/c0/smol.npieces"
+  cp "$FILES"/*.json "$FILES"/*.xz "$FILES"/*.whl "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
+  stage_pieces "$ST" "$PER" gemma "$GZ" smol "$XZ"
   du -sb "$ST"/c*
   exit 0
 fi
 C=$1
 G=${G:-/tmp/thm}
 PY=${PY:-python3}
-SHA_gemma=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-SHA_smol=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-mkdir -p $G/in $G/runs
-# the machine's /tmp/site may hold another helper's packages: ours go elsewhere
 export PYTHONPATH=$G/pkg:$G/site HEADHUNT_CACHE=$G/cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-cp -r "$C"/. $G/in/
-if [ -f $G/in/src.tgz ] && [ ! -d $G/pkg ]; then
-  mkdir -p $G/src $G/pkg && tar -xzf $G/in/src.tgz -C $G/src
-  cp -r $G/src/headhunt $G/pkg/headhunt
-  for d in probes heads kernels sae app; do cp -r $G/src/$d $G/pkg/headhunt/$d; done
-fi
-if ls "$C"/files/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target $G/site "$C"/files/*.whl
-fi
-
-# (Python's gzip and lzma: the machine need not have xz)
-unpack() { $PY -c "import $1, shutil, sys; shutil.copyfileobj($1.open(sys.stdin.buffer), sys.stdout.buffer)"; }
-unzip_gz() { unpack gzip; }
-unxz() { unpack lzma; }
-
-join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
-  local n=$1 sha
-  [ -f $G/$n.gguf ] && return 0
-  [ -f $G/in/$n.npieces ] && [ "$(cat $G/in/$n.npieces)" != 0 ] || return 1
-  [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
-  cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
-  sha=SHA_$n
-  if [ "$(sha256sum $G/$n.tmp | cut -c1-64)" = "${!sha}" ]; then
-    mv $G/$n.tmp $G/$n.gguf && rm -f $G/in/$n.[0-9]* && echo "$n: joined, SHA-256 checked"
-  else
-    echo "$n: the pieces do not match the SHA-256" && rm -f $G/$n.tmp && return 1
-  fi
-}
+take_folder "$C"
 
 run_model() {  # run_model NAME: the taskheads run (Gemma: its tokenizer checked first)
   local out=$G/runs/$1-multidoc
@@ -144,8 +92,8 @@ pack() {  # what is there so far, into $OUT (examples.jsonl left out: large, reb
   nvidia-smi -L >"$OUT/card.txt" 2>&1
 }
 
-join gemma unzip_gz
-join smol unxz
+join gemma gzip
+join smol lzma
 for m in gemma smol; do
   if [ -f $G/$m.gguf ] && [ -d $G/pkg ] && [ ! -f $G/runs/$m.started ]; then
     touch $G/runs/$m.started

@@ -2,12 +2,13 @@
 # Issue 26's causal check with the readout ablation (mean-readout: the heads' outputs replaced
 # only at the rows from the question's first token through the answer), both real models,
 # plain multidoc and kv, on one lent GPU, in calls that follow each other at once (the machine
-# keeps /tmp between calls). The transfer chain of taskheads_multidoc_gpu.sh: each call carries
-# one folder of the stage (STAGE/cN):
+# keeps /tmp between calls). The transfer chain of gpu_pieces.sh: each call carries one folder
+# of the stage (STAGE/cN):
 #   c0: this script, src.tgz (`git archive HEAD` of the package and two benchmarks scripts),
 #       files/ (the wheels gguf, bm25s, plotly; Gemma 3's tokenizer as transformers 5.24 builds
 #       it and its weights' fingerprint: taskheads_gguf_fix.py says why), settings.env, pieces;
-#   every folder: this script and consecutive pieces NAME.NN of the compressed GGUFs (smol:
+#   every folder: this script, gpu_pieces.sh and consecutive pieces NAME.NN of the compressed
+#       GGUFs (smol:
 #       xz, gemma: gzip), SmolLM2's bytes first (its runs start while Gemma's still travel),
 #       with NAME.npieces in c0. A model whose pieces are all here is joined, SHA-256 checked,
 #       and its runs (one per task, at once) started in the background (setsid: they outlive
@@ -21,73 +22,26 @@
 # examples), KS (KS_kv, KS_multidoc: one task's own, in the order they run), DRAWS, MODELS
 # (smol gemma), DETECTORS (default copy,query,write).
 #   bash benchmarks/taskheads_readout_gpu.sh stage STAGE SMOL_XZ GEMMA_GZ FILES SETTINGS
-#       (here, not on the GPU machine) lays the folders out; PER (default 47,000,000) bytes a
-#       folder: the call's tree (the repository's, about 17 MB) and the folder stay under 64 MiB.
+#       (here, not on the GPU machine) lays the folders out; PER (default 45,000,000) bytes a
+#       folder: the call's tree (the repository's, about 21 MB) and the folder stay under 64 MiB.
 set -u
+. "$(dirname "$0")/gpu_pieces.sh"
 if [ "$1" = stage ]; then
-  ST=$2 XZ=$3 GZ=$4 FILES=$5 PER=${PER:-47000000}
+  ST=$2 XZ=$3 GZ=$4 FILES=$5 PER=${PER:-45000000}
   rm -rf "$ST" && mkdir -p "$ST/c0/files"
   git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
     benchmarks/taskheads_report.py | gzip >"$ST/c0/src.tgz"
   cp "$FILES"/*.json "$FILES"/*.xz "$FILES"/*.whl "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
-  xz=$(stat -c %s "$XZ") gz=$(stat -c %s "$GZ") used=$(du -cb "$ST/c0" | tail -1 | cut -f1)
-  off=0 c=0 ns=0 ng=0
-  while [ $off -lt $((xz + gz)) ]; do
-    room=$((PER - (c == 0 ? used : 0)))
-    end=$((off + room < xz + gz ? off + room : xz + gz))
-    mkdir -p "$ST/c$c"
-    if [ $off -lt "$xz" ]; then
-      e=$((end < xz ? end : xz))
-      tail -c +$((off + 1)) "$XZ" | head -c $((e - off)) >"$ST/c$c/smol.$(printf %02d $ns)"
-      ns=$((ns + 1))
-    fi
-    if [ "$end" -gt "$xz" ]; then
-      s=$((off > xz ? off : xz))
-      tail -c +$((s - xz + 1)) "$GZ" | head -c $((end - s)) >"$ST/c$c/gemma.$(printf %02d $ng)"
-      ng=$((ng + 1))
-    fi
-    off=$end c=$((c + 1))
-  done
-  echo $ns >"$ST/c0/smol.npieces" && echo $ng >"$ST/c0/gemma.npieces"
-  for d in "$ST"/c*; do cp "$0" "$d/readout_gpu.sh"; done
+  stage_pieces "$ST" "$PER" smol "$XZ" gemma "$GZ"
+  for d in "$ST"/c*; do cp "$0" "$d/readout_gpu.sh" && cp "$(dirname "$0")/gpu_pieces.sh" "$d/"; done
   du -sb "$ST"/c*
   exit 0
 fi
 C=$1
 G=${G:-/tmp/thr}
 PY=${PY:-python3}
-SHA_gemma=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-SHA_smol=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-mkdir -p $G/in $G/runs
-# the machine's /tmp/site may hold another helper's packages: ours go elsewhere
 export PYTHONPATH=$G/pkg:$G/site HEADHUNT_CACHE=$G/cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
-cp -r "$C"/. $G/in/
-if [ -f $G/in/src.tgz ] && [ ! -d $G/pkg ]; then
-  mkdir -p $G/src $G/pkg && tar -xzf $G/in/src.tgz -C $G/src
-  cp -r $G/src/headhunt $G/pkg/headhunt
-  for d in probes heads kernels sae app; do cp -r $G/src/$d $G/pkg/headhunt/$d; done
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target $G/site $G/in/files/*.whl
-fi
-
-# (Python's gzip and lzma: the machine need not have xz)
-unpack() { $PY -c "import $1, shutil, sys; shutil.copyfileobj($1.open(sys.stdin.buffer), sys.stdout.buffer)"; }
-unzip_gz() { unpack gzip; }
-unxz() { unpack lzma; }
-
-join() {  # join NAME UNPACK: the pieces NAME.NN, when all here, into $G/NAME.gguf
-  local n=$1 sha
-  [ -f $G/$n.gguf ] && return 0
-  [ -f $G/in/$n.npieces ] && [ "$(cat $G/in/$n.npieces)" != 0 ] || return 1
-  [ "$(ls $G/in/$n.[0-9]* 2>/dev/null | wc -l)" = "$(cat $G/in/$n.npieces)" ] || return 1
-  cat $(ls $G/in/$n.[0-9]* | sort) | $2 >$G/$n.tmp
-  sha=SHA_$n
-  if [ "$(sha256sum $G/$n.tmp | cut -c1-64)" = "${!sha}" ]; then
-    mv $G/$n.tmp $G/$n.gguf && rm -f $G/in/$n.[0-9]* && echo "$n: joined, SHA-256 checked"
-  else
-    echo "$n: the pieces do not match the SHA-256" && rm -f $G/$n.tmp && return 1
-  fi
-}
+take_folder "$C"
 
 run_task() {  # run_task NAME TASK: one taskheads run (KS_<task>, - as _, overrides KS)
   local out=$G/runs/$1-$2 docs words modes kvar=KS_${2//-/_}
@@ -132,8 +86,8 @@ pack() {  # what is there so far, into $OUT (examples.jsonl left out: large, reb
   cd - >/dev/null || return
 }
 
-join smol unxz
-join gemma unzip_gz
+join smol lzma
+join gemma gzip
 for m in smol gemma; do
   if [ -f $G/$m.gguf ] && [ -d $G/pkg ] && [ ! -f $G/runs/$m.started ]; then
     touch $G/runs/$m.started

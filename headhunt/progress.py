@@ -145,13 +145,13 @@ class UnitProgress(Generic[T]):
                 warm_s, warm_w = (spent, done) if i == 0 else (spent - first[0], done - first[1])
                 per_weight = warm_s / warm_w if warm_w > 0 else float("nan")
                 if (i == 0 and len(units) == 2) or (i == 1 and len(units) > 2):
-                    self._estimate(units, weights, stages, items, first, per_weight, i)
+                    self._estimate(units, weights, stages, items, first, per_weight, i, seconds)
                 bar.set_postfix_str(self._eta(s, left_in_stage.get(s, 0.0), left, per_weight))
                 bar.update(self._count(unit))
         finally:
             bar.close()
 
-    def _estimate(self, units, weights, stages, items, first, per_weight, i) -> None:
+    def _estimate(self, units, weights, stages, items, first, per_weight, i, seconds_now) -> None:
         """The one line: the first unit's seconds, and the seconds per weight measured after it
         (from the first itself when it is one of two) times the weight after the first."""
         seconds, first_weight = first
@@ -163,7 +163,7 @@ class UnitProgress(Generic[T]):
         )
         measured = f"{first_text} {seconds:.1f} s"
         if i == 1:
-            measured += f", next {per_weight * weights[1]:.1f} s"
+            measured += f", next {seconds_now:.1f} s"
         head = plural(items, self.what)
         if self.done_before:
             head = f"{head} left of {items + self.done_before}"
