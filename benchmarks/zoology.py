@@ -375,7 +375,7 @@ def main() -> None:
     else:
         deadline = seconds + (600 if smoke else 180)
     # A folder of its own unless ZOOLOGY_TMP names one: the workers' records are run0.json,
-    # run1.json, ..., so two invocations sharing a folder overwrite each other's (calls 12, 14).
+    # run1.json, ..., so two invocations sharing a folder overwrite each other's (calls 12-14).
     own = not os.environ.get("ZOOLOGY_TMP")
     work = Path(os.environ.get("ZOOLOGY_TMP") or tempfile.mkdtemp(prefix="zoology-"))
     work.mkdir(parents=True, exist_ok=True)
