@@ -8,9 +8,8 @@
 #       files/ (the wheels gguf, bm25s, plotly; Gemma 3's tokenizer as transformers 5.24 builds
 #       it and its weights' fingerprint: taskheads_gguf_fix.py says why), settings.env, pieces;
 #   every folder: this script, gpu_pieces.sh and consecutive pieces NAME.NN of the compressed
-#       GGUFs (smol:
-#       xz, gemma: gzip), SmolLM2's bytes first (its runs start while Gemma's still travel),
-#       with NAME.npieces in c0. A model whose pieces are all here is joined, SHA-256 checked,
+#       GGUFs (smol: xz, gemma: gzip), SmolLM2's bytes first (its runs start while Gemma's
+#       still travel), with NAME.npieces in c0. A model whose pieces are all here is joined, SHA-256 checked,
 #       and its runs (one per task, at once) started in the background (setsid: they outlive
 #       the call).
 #   bash STAGE/cN/readout_gpu.sh STAGE/cN            one call's folder
@@ -54,8 +53,7 @@ run_task() {  # run_task NAME TASK: one taskheads run (KS_<task>, - as _, overri
   $PY -m headhunt taskheads --model $G/$1.gguf --task "$2" --docs "$docs" --doc-words "$words" \
     --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$ks" --modes "$modes" \
     --random-from all,outside --random-draws "$DRAWS" --detectors "${DETECTORS:-copy,query,write}" \
-    --batch-size 64 --out "$out" --force \
-    >"$out.log" 2>&1
+    --batch-size 64 --out "$out" --force >"$out.log" 2>&1
   echo "exit $?" >>"$out.log"
 }
 

@@ -145,13 +145,14 @@ class UnitProgress(Generic[T]):
                 warm_s, warm_w = (spent, done) if i == 0 else (spent - first[0], done - first[1])
                 per_weight = warm_s / warm_w if warm_w > 0 else float("nan")
                 if (i == 0 and len(units) == 2) or (i == 1 and len(units) > 2):
-                    self._estimate(units, weights, stages, items, first, per_weight, i, seconds)
+                    next_s = seconds if i == 1 else None
+                    self._estimate(units, weights, stages, items, first, per_weight, next_s)
                 bar.set_postfix_str(self._eta(s, left_in_stage.get(s, 0.0), left, per_weight))
                 bar.update(self._count(unit))
         finally:
             bar.close()
 
-    def _estimate(self, units, weights, stages, items, first, per_weight, i, seconds_now) -> None:
+    def _estimate(self, units, weights, stages, items, first, per_weight, next_s) -> None:
         """The one line: the first unit's seconds, and the seconds per weight measured after it
         (from the first itself when it is one of two) times the weight after the first."""
         seconds, first_weight = first
@@ -162,8 +163,8 @@ class UnitProgress(Generic[T]):
             f"first {self.what}" if n_first == 1 else f"first {n_first} {self.what}s together"
         )
         measured = f"{first_text} {seconds:.1f} s"
-        if i == 1:
-            measured += f", next {seconds_now:.1f} s"
+        if next_s is not None:
+            measured += f", next {next_s:.1f} s"
         head = plural(items, self.what)
         if self.done_before:
             head = f"{head} left of {items + self.done_before}"
