@@ -9,11 +9,13 @@ replaced by "N/A") calibrates query focus, as QRHead does.
 - **copy** (Wu et al. 2024, arXiv 2404.15574, under teacher forcing): at answer step t the head's
   argmax key lies in an evidence document and holds the gold token t; the score is the share
   of answer steps where that holds.
-- **query focus** (QRHead, Zhang et al. 2025, arXiv 2506.09944): the attention mass from the
-  question's tokens to each document (summed over the document's keys, averaged over the
-  question's rows) minus the same mass from the null question; the head's score is the
-  calibrated mass on the evidence documents, and its document ranking is scored by recall@1
-  and NDCG@10 against the evidence.
+- **query focus** (QRHead, Zhang et al. 2025, arXiv 2506.09944): per context token, the
+  attention from the question's rows (averaged over them) minus the same from the null
+  question's rows; per document, QRHead's filter (``qr_document_scores``: tokens at or below
+  the document's mean minus two standard deviations are dropped) and the sum of the rest.
+  The head's score is that on the evidence documents, and its document ranking is scored by
+  recall@1 and NDCG@10 against the evidence. The retriever filters the *sum* over its heads
+  per token, as QRHead's retriever does.
 - **write** (LOCOS, arXiv 2607.01002): at answer step t the head writes
   ``sum_j p_tj W_O^h v_j``; its component toward the gold token's logit, with the final
   RMSNorm linearised (its scale ``1 / rms(x_t)`` frozen at the real final residual ``x_t``,
@@ -68,7 +70,9 @@ class TaskCapture(AttentionHook):
     attention-weighted values over the evidence and the other context keys.
 
     Attributes (per layer, float32 on the CPU):
-        mass: [hq, docs] mean over ``rows`` of the summed probability on each document.
+        tokens: [hq, context keys] mean over ``rows`` of the probability on each context key
+            (from the first document's first token to the last one's end).
+        mass: [hq, docs] the same summed over each document's keys.
         argmax: [hq, answer] absolute argmax key of each answer row.
         z_evidence, z_other: [answer, hq, d] sum_j p_j v_j over evidence / other context keys.
     """
@@ -93,6 +97,7 @@ class TaskCapture(AttentionHook):
         for i in evidence:
             s, e = self.doc_spans[i]
             self.on_evidence[s - self.lo : e - self.lo] = True
+        self.tokens: dict[int, Tensor] = {}
         self.mass: dict[int, Tensor] = {}
         self.argmax: dict[int, Tensor] = {}
         self.z_evidence: dict[int, Tensor] = {}
@@ -108,7 +113,7 @@ class TaskCapture(AttentionHook):
         s, e = self.rows[0] - off, self.rows[1] - off
         if s < 0:
             raise HeadhuntError("task heads: the question's rows are in the cached prefix")
-        self.mass[call.layer] = self._mass(call, kw, s, e)
+        self.tokens[call.layer], self.mass[call.layer] = self._mass(call, kw, s, e)
         if self.answer_rows is not None:
             self._answer(call, kw, self.answer_rows[0] - off, self.answer_rows[1] - off)
 
@@ -128,12 +133,12 @@ class TaskCapture(AttentionHook):
         scores = call.scores(slice(s, e))[0, :, :, self.lo : self.hi]
         return torch.exp(scores - lse[0][..., None])
 
-    def _mass(self, call, kw, s, e) -> Tensor:
+    def _mass(self, call, kw, s, e) -> tuple[Tensor, Tensor]:
         stats = self._lse(call, kw, s, e)
         p = self.probs(call, stats.lse, s, e).mean(1)  # [hq, keys]
         mass = torch.zeros(p.shape[0], len(self.doc_spans) + 1, device=p.device)
         mass.index_add_(1, self.doc_of.to(p.device), p)
-        return mass[:, :-1].cpu()
+        return p.cpu(), mass[:, :-1].cpu()
 
     def _answer(self, call, kw, s, e) -> None:
         stats = self._lse(call, kw, s, e)
@@ -242,10 +247,38 @@ class _FinalResidual:
 # ---------------------------------------------------------------- one example
 
 
+def qr_document_scores(
+    calibrated: Float[Tensor, "*heads keys"], spans: Sequence[tuple[int, int]]
+) -> Float[Tensor, "*heads docs"]:
+    """QRHead's document score from calibrated token scores (``calibrated``: the question's
+    attention to each context key minus the null question's; ``spans``: each document's
+    [start, end) in those keys). Within a document, the tokens whose score is at or below the
+    document's mean minus two standard deviations (unbiased, torch's default) are dropped and
+    the rest summed (princeton-pli/QRHead, ``src/qrretriever/attn_retriever.py``: an outlier
+    filter against tokens the null question attends to far more than the question). A
+    one-token document has no spread: its token is kept."""
+    out = []
+    for s, e in spans:
+        part = calibrated[..., s:e]
+        if e - s < 2:
+            out.append(part.sum(-1))
+            continue
+        floor = part.mean(-1, keepdim=True) - 2 * part.std(-1, keepdim=True)
+        out.append(torch.where(part > floor, part, 0).sum(-1))
+    return torch.stack(out, -1)
+
+
 @dataclass
 class ExampleResult:
-    """One example's detector values per head ([layers, heads] arrays; ``mass`` and
-    ``null_mass`` [layers, heads, docs]) and whether greedy decoding would answer it."""
+    """One example's detector values per head ([layers, heads] arrays; ``mass``, ``null_mass``
+    and ``focus`` [layers, heads, docs]) and whether greedy decoding would answer it.
+
+    ``mass`` / ``null_mass``: the question's / null question's attention summed over each
+    document; ``focus``: QRHead's filtered document score of their per-token difference (what
+    query focus and the heads' document rankings use); ``focus_all`` / ``focus_top`` [docs]:
+    the same for the per-token sum over all heads / over the retriever's heads (an evaluation
+    example's). ``filtered`` is False for records from before the filter (``focus`` is then the
+    plain difference of masses, read for display only)."""
 
     id: str
     correct: bool
@@ -256,10 +289,14 @@ class ExampleResult:
     write_other: np.ndarray
     evidence: list[int]
     tokens: int
+    focus: np.ndarray
+    focus_all: np.ndarray | None = None
+    focus_top: np.ndarray | None = None
+    filtered: bool = True
 
     @property
     def calibrated(self) -> np.ndarray:
-        return self.mass - self.null_mass
+        return self.focus
 
     @property
     def query_focus(self) -> np.ndarray:
@@ -280,14 +317,20 @@ class ExampleResult:
             "null_mass": self.null_mass.round(7).tolist(),
             "write_evidence": self.write_evidence.round(6).tolist(),
             "write_other": self.write_other.round(6).tolist(),
-        }
+            "focus": self.focus.round(7).tolist(),
+            **{name: getattr(self, name).round(7).tolist() for name in ("focus_all", "focus_top")
+               if getattr(self, name) is not None},
+        }  # fmt: skip
 
     @classmethod
     def from_record(cls, r: dict) -> ExampleResult:
         a = {k: np.asarray(r[k], float) for k in ("copy", "mass", "null_mass")}
         w = {k: np.asarray(r[k], float) for k in ("write_evidence", "write_other")}
+        f = {k: np.asarray(r[k], float) for k in ("focus_all", "focus_top") if k in r}
+        filtered = "focus" in r
+        focus = np.asarray(r["focus"], float) if filtered else a["mass"] - a["null_mass"]
         return cls(r["id"], bool(r["correct"]), **a, **w, evidence=r["evidence"],
-                   tokens=r["tokens"])  # fmt: skip
+                   tokens=r["tokens"], focus=focus, filtered=filtered, **f)  # fmt: skip
 
 
 def shared_prefix(enc: Encoded) -> int:
@@ -319,8 +362,10 @@ def score_example(
     *,
     extra_hooks: Sequence[AttentionHook] = (),
     reuse_prefix: bool = True,
+    retriever_heads: Sequence[tuple[int, int]] | None = None,
 ) -> ExampleResult:
-    """The three detectors for one example: the teacher-forced pass and the null pass.
+    """The three detectors for one example: the teacher-forced pass and the null pass, and
+    with ``retriever_heads`` those heads' document scores (``focus_top``).
 
     With ``reuse_prefix`` the documents run once: a pass over the shared prefix (BOS,
     instruction, documents) fills a KV cache, the teacher-forced suffix (question, frame,
@@ -368,6 +413,17 @@ def score_example(
     L, H = model.n_layers, model.n_heads
     ids_t = torch.tensor(ids)
     lo, hi = cap.lo, cap.hi
+    spans = [(s - lo, e - lo) for s, e in enc.doc_spans]
+    focus = np.zeros((L, H, len(spans)))
+    all_heads = torch.zeros(hi - lo)
+    top = torch.zeros(hi - lo) if retriever_heads is not None else None
+    for layer in range(L):  # a layer at a time: per-token scores are heads x context keys
+        calibrated = cap.tokens.pop(layer) - null.tokens.pop(layer)  # [hq, keys]
+        focus[layer] = qr_document_scores(calibrated, spans).numpy()
+        all_heads += calibrated.sum(0)
+        for la, h in retriever_heads or ():
+            if la == layer:
+                top += calibrated[h]
     copy = np.zeros((L, H))
     w_ev, w_off = np.zeros((L, H)), np.zeros((L, H))
     direction = write_directions(model, norm, resid.x, gold)  # [answer, d_model]
@@ -393,6 +449,9 @@ def score_example(
         write_other=w_off,
         evidence=list(enc.evidence),
         tokens=len(ids),
+        focus=focus,
+        focus_all=qr_document_scores(all_heads, spans).numpy(),
+        focus_top=None if top is None else qr_document_scores(top, spans).numpy(),
     )
 
 
@@ -462,17 +521,16 @@ def top_heads(matrix: np.ndarray, k: int) -> list[tuple[int, int]]:
 
 def retrieval_table(
     results: Sequence[ExampleResult],
-    heads: Sequence[tuple[int, int]],
     texts: dict[str, tuple[list[str], str]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Document retrieval on examples with several documents: rank by the calibrated mass
-    summed over ``heads``, by all heads' calibrated mass, and (``texts``: id -> documents and
-    question; needs ``bm25s``) by BM25. Mean and SE of recall@1 and NDCG@10 per retriever."""
+    """Document retrieval on examples with several documents (each scored with the retriever's
+    heads: ``focus_top``): rank by those heads' QRHead document scores, by all heads'
+    (``focus_all``), and (``texts``: id -> documents and question; needs ``bm25s``) by BM25.
+    Mean and SE of recall@1 and NDCG@10 per retriever."""
     multi = [r for r in results if r.mass.shape[-1] > 1]
-    rankers = {
-        "top heads": lambda r: sum(r.calibrated[la, h] for la, h in heads),
-        "all heads": lambda r: r.calibrated.sum((0, 1)),
-    }
+    if any(r.focus_top is None or r.focus_all is None for r in multi):
+        raise HeadhuntError("retrieval needs examples scored with the retriever's heads")
+    rankers = {"top heads": lambda r: r.focus_top, "all heads": lambda r: r.focus_all}
     if texts is not None:
         rankers["bm25"] = lambda r: bm25_scores(*texts[r.id])
     table = {}

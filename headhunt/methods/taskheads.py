@@ -22,6 +22,7 @@ from headhunt.methods.base import (
 
 EXAMPLES = "examples.jsonl"
 CONDITIONS = "conditions.jsonl"
+RETRIEVER = "retriever_heads.json"  # the retriever's heads, chosen on the scoring examples
 DETECTOR_METRICS = {"copy": "copy_score", "query": "query_focus", "write": "write_score"}
 CLOSED_BOOK_BATCH = 256  # closed-book prompts per forward (each is 4-20 tokens)
 
@@ -92,8 +93,8 @@ answer, optional evidence document indices and answer lead) or a bundled task: m
 retrieval, Lost in the Middle) or needle. One teacher-forced pass per example (the gold answer
 fed; whether greedy decoding would have answered is recorded) and one null-question pass
 give three scores per head: copy_score (Wu et al.'s rule under teacher forcing), query_focus
-(QRHead's null-calibrated question-to-evidence attention mass; query_recall1 / query_ndcg10:
-its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
+(QRHead's null-calibrated question-to-evidence attention, its outlier filter per document;
+query_recall1 / query_ndcg10: its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
 token's logit minus the off-evidence write, final norm linearised, correct examples only).
 The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
 heads are ablated (--modes: mean, zero, or only at the question and answer rows with
@@ -101,7 +102,7 @@ mean-readout / zero-readout) against --random-draws random k-head sets (from all
 from the heads outside that detector's top k), with closed-book prompts the model answers
 without context as the specificity control (mean ablation there puts in the heads' mean over
 other closed-book prompts; closed_book: with the task's mean), and documents are
-ranked by the top heads' calibrated mass against BM25 and all heads. Writes scores.parquet,
+ranked by the top heads' calibrated attention (QRHead's retriever) against BM25 and all heads. Writes scores.parquet,
 examples.jsonl, conditions.jsonl, ablation.csv, detectors.json, retrieval.json and
 taskheads.html."""
     units = "examples and ablation conditions"
@@ -113,17 +114,18 @@ taskheads.html."""
             "share of steps",
         ),
         "query_focus": MetricInfo(
-            "attention mass from the question to the evidence documents minus the same from a "
-            "null question (QRHead)",
+            "attention from the question to the evidence documents minus the same from a null "
+            "question, per token, outlying tokens dropped per document (QRHead)",
             "probability mass",
         ),
         "query_recall1": MetricInfo(
-            "share of examples where the head's calibrated mass ranks an evidence document first",
+            "share of examples where the head's query-focus document scores rank an evidence "
+            "document first",
             "share of examples",
             "no example has two documents or more",
         ),
         "query_ndcg10": MetricInfo(
-            "NDCG@10 of the head's document ranking by calibrated mass",
+            "NDCG@10 of the head's document ranking by its query-focus document scores",
             "NDCG",
             "no example has two documents or more",
         ),
@@ -144,7 +146,18 @@ taskheads.html."""
         ids = [e.id for e in encoded]
         require(len(set(ids)) == len(ids), "two examples share an id")
         t1 = time.perf_counter()
-        _score_examples(model, config, ctx, encoded)
+        done = ctx.done(EXAMPLES, key=lambda r: r["id"])
+        if done:
+            ctx.say(f"resuming: {len(done)} of {len(encoded)} examples already scored")
+        n = config.score_examples
+        _score_examples(model, ctx, encoded, range(n), "scoring example", scoring=True)
+        ctx.wait()
+        # The retriever's heads come from the scoring examples; an evaluation example's pass
+        # scores its documents with them (QRHead filters the heads' per-token sum).
+        heads = ctx.step(RETRIEVER, lambda: {"heads": _retriever_heads(config, ctx)})["heads"]
+        heads = [(int(la), int(h)) for la, h in heads]
+        _score_examples(model, ctx, encoded, range(n, len(encoded)), "evaluation example",
+                        retriever_heads=heads)  # fmt: skip
         ctx.wait("examples_s", since=t1)
         plan = Plan(model, config, ctx.records(EXAMPLES), encoded)
         t2 = time.perf_counter()
@@ -195,20 +208,35 @@ taskheads.html."""
         return spread_frame(rows)
 
 
-def _score_examples(model, config: TaskHeadsConfig, ctx, encoded) -> None:
+def _retriever_heads(config: TaskHeadsConfig, ctx) -> list[tuple[int, int]]:
+    """The top ``--retriever-heads`` query-focus heads over the scoring examples."""
+    from headhunt.heads.taskheads import ExampleResult, head_matrices, top_heads
+
+    scoring = [ExampleResult.from_record(r) for r in ctx.records(EXAMPLES)
+               if r["split"] == "score"]  # fmt: skip
+    _require_filtered(scoring)
+    return top_heads(head_matrices(scoring)["query_focus"], config.retriever_heads)
+
+
+def _require_filtered(results) -> None:
+    require(all(r.filtered for r in results),
+            "this run's records predate QRHead's token filter in query focus: run it again "
+            "with --force")  # fmt: skip
+
+
+def _score_examples(model, ctx, encoded, indices, what: str, *, scoring: bool = False,
+                    retriever_heads=None) -> None:  # fmt: skip
     from headhunt.heads.taskheads import OutputSum, score_example
 
     done = ctx.done(EXAMPLES, key=lambda r: r["id"])
-    if done:
-        ctx.say(f"resuming: {len(done)} of {len(encoded)} examples already scored")
-    share = ctx.todo(list(range(len(encoded))))
+    share = ctx.todo(list(indices))
     todo = [i for i in share if encoded[i].id not in done]
     # an example costs about its tokens: the estimate weighs them
-    for i in ctx.units(todo, "example", weight=lambda i: len(encoded[i].ids),
+    for i in ctx.units(todo, what, weight=lambda i: len(encoded[i].ids),
                        done_before=len(share) - len(todo)):  # fmt: skip
-        scoring = i < config.score_examples
         sums = OutputSum(readout_from=encoded[i].question[0])
-        res = score_example(model, encoded[i], extra_hooks=[sums] if scoring else [])
+        res = score_example(model, encoded[i], extra_hooks=[sums] if scoring else [],
+                            retriever_heads=retriever_heads)  # fmt: skip
         rec = {"index": i, "split": "score" if scoring else "eval", **res.to_record()}
         if scoring:
             rec["out_sum"] = [sums.total[la].tolist() for la in range(model.n_layers)]
@@ -239,6 +267,7 @@ class Plan:
         self.eval = [
             r for r, rec in zip(self.results, records, strict=True) if rec["split"] == "eval"
         ]
+        _require_filtered(self.results)
         self.matrices = head_matrices(score)
         scoring = [r for r in records if r["split"] == "score"]
         count = sum(r["out_count"] for r in scoring)
@@ -347,13 +376,12 @@ class Plan:
             ),
         }
         ctx.write("detectors.json", detectors)
-        heads = top_heads(self.matrices["query_focus"], self.config.retriever_heads)
         texts = {e.id: (e.texts, e.question_text) for e in self.encoded.values()}
         try:
             import bm25s  # noqa: F401
         except ImportError:
             texts = None
-        retrieval = retrieval_table(self.eval, heads, texts)
+        retrieval = retrieval_table(self.eval, texts)
         ctx.write("retrieval.json", retrieval)
         ctx.write("taskheads.html", collapse_figure(table, self.model.name))
         ctx.extra["summary"] = {"baseline": detectors["baseline"], "overlaps": overlaps}

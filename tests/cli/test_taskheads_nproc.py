@@ -32,5 +32,5 @@ def test_two_processes_match_one_and_resume_per_shard(
         "conditions.rank1.jsonl": conditions[2],
     }
     names = ("examples.jsonl", "conditions.jsonl", "ablation.csv", "retrieval.json")
-    names += ("detectors.json", "scores.parquet")
+    names += ("detectors.json", "scores.parquet", "retriever_heads.json")
     resume_from_shards(argv, one, shards, "resuming: 3 of 3 examples already scored", names)

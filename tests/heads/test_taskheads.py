@@ -84,7 +84,7 @@ def planted():
 
 def test_planted_heads_rank_first_on_every_detector(planted):
     m, encoded = planted
-    results = [T.score_example(m, e) for e in encoded]
+    results = [T.score_example(m, e, retriever_heads=[COPIER, READER]) for e in encoded]
     assert all(r.correct for r in results)  # the model answers by copying
     mats = T.head_matrices(results)
     assert set(T.top_heads(mats["copy_score"], 2)) == {COPIER, READER}
@@ -97,7 +97,7 @@ def test_planted_heads_rank_first_on_every_detector(planted):
     assert mats["write_score"][COPIER] > 1.0
     assert abs(mats["write_score"][READER]) < 1e-6
     # The retriever from the top query-focus heads finds every evidence document.
-    table = T.retrieval_table(results, [COPIER, READER])
+    table = T.retrieval_table(results)
     assert table["top heads"]["recall1"] == 1.0
 
 
@@ -334,6 +334,92 @@ def test_write_score_equals_the_direct_computation(family):
         assert torch.allclose(write(torch.ones_like(ev)), real, atol=1e-5)
 
 
+def qrhead_filter(tokens: np.ndarray) -> float:
+    """QRHead's document score written out plainly: drop the tokens at or below the mean minus
+    two (unbiased) standard deviations, sum the rest (a single token has no spread: kept)."""
+    if tokens.size < 2:
+        return float(tokens.sum())
+    floor = tokens.mean() - 2 * tokens.std(ddof=1)
+    return float(sum(t for t in tokens if t > floor))
+
+
+def test_qr_document_scores_drop_only_the_outlying_tokens():
+    """A planted outlier (a token the null question attends to far more than the question) is
+    dropped, a document without one keeps every token, a one-token document keeps its token;
+    the same numbers for every head of a stack."""
+    doc = [0.2, 0.1, 0.3, 0.2, 0.1, 0.2, 0.3, 0.1, 0.2, -3.0]  # the last one: the outlier
+    plain = [0.05, 0.0, -0.05, 0.1]
+    one = [-0.4]
+    keys = torch.tensor([doc + plain + one, plain + one + doc])  # two heads, other layouts
+    spans = [[(0, 10), (10, 14), (14, 15)], [(5, 15), (0, 4), (4, 5)]]
+    for head in range(2):
+        got = T.qr_document_scores(keys[head], spans[head])
+        assert got.tolist() == pytest.approx([1.7, 0.1, -0.4])
+        want = [qrhead_filter(np.array(x)) for x in (doc, plain, one)]
+        assert got.tolist() == pytest.approx(want)
+    stacked = T.qr_document_scores(keys[:1], spans[0])  # [heads, docs] from [heads, keys]
+    assert stacked.shape == (1, 3) and stacked[0].tolist() == pytest.approx([1.7, 0.1, -0.4])
+
+
+class DenseQuestion(AttentionHook):
+    """The direct computation of query focus: dense probabilities of the question's rows on
+    every key (the model's own rule), averaged over the rows."""
+
+    def __init__(self, rows):
+        self.rows, self.p = rows, {}
+
+    def before(self, call):
+        self.p[call.layer] = call.probs(slice(*self.rows))[0].mean(1).numpy()  # [hq, nk]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@torch.no_grad()
+def test_query_focus_and_the_retriever_equal_qrheads_rule_on_dense_rows(family):
+    """Per head and document, query focus equals QRHead's filtered score of the question's
+    dense attention minus the null question's, token by token; the retriever's scores filter
+    the per-token sum over its heads (over all heads for ``focus_all``), not the heads' own
+    scores added up. On a tiny Gemma 3 the prompt runs past its 8-token sliding window."""
+    tok = word_tokenizer()
+    if family == "llama":
+        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, tokenizer=tok, seed=3)
+    else:
+        m = HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=3),
+                        tokenizer=tok, name="tiny-gemma3")  # fmt: skip
+    enc = Encoder(tok, m.max_context).encode(planted_examples(3)[2])
+    heads = [(1, 2), (0, 1), (1, 0)]
+    res = T.score_example(m, enc, retriever_heads=heads)
+    dense = {}
+    passes = (("q", enc.ids, enc.question), ("null", enc.null_ids, enc.null_question))
+    for name, ids, rows in passes:
+        hook = DenseQuestion(rows)
+        with m.hooks(hook):
+            m.forward(torch.tensor([ids]), use_cache=False)
+        dense[name] = hook.p
+    lo, hi = enc.context
+    tokens = np.stack([dense["q"][la][:, lo:hi] - dense["null"][la][:, lo:hi]
+                       for la in range(m.n_layers)])  # fmt: skip
+    spans = [(s - lo, e - lo) for s, e in enc.doc_spans]
+    for la in range(m.n_layers):
+        for h in range(m.n_heads):
+            want = [qrhead_filter(tokens[la, h, s:e]) for s, e in spans]
+            np.testing.assert_allclose(res.focus[la, h], want, atol=1e-5)
+    top = sum(tokens[la, h] for la, h in heads)
+    np.testing.assert_allclose(res.focus_top, [qrhead_filter(top[s:e]) for s, e in spans],
+                               atol=1e-5)  # fmt: skip
+    every = tokens.sum((0, 1))
+    np.testing.assert_allclose(res.focus_all, [qrhead_filter(every[s:e]) for s, e in spans],
+                               atol=1e-5)  # fmt: skip
+    # some document drops a token somewhere (else the filter was not exercised)
+    raw = res.mass - res.null_mass
+    assert np.abs(raw - res.focus).max() > 1e-4
+    # records keep every score; a record from before the filter reads back unfiltered
+    back = T.ExampleResult.from_record(res.to_record())
+    np.testing.assert_allclose(back.focus, res.focus, atol=1e-6)
+    np.testing.assert_allclose(back.focus_top, res.focus_top, atol=1e-6)
+    old = {k: v for k, v in res.to_record().items() if not k.startswith("focus")}
+    assert not T.ExampleResult.from_record(old).filtered
+
+
 def test_ranking_metrics_and_top_heads():
     assert T.ranking_metrics([0.1, 0.9, 0.3], [1]) == (1.0, 1.0)
     r1, ndcg = T.ranking_metrics([0.9, 0.1, 0.3], [1])
@@ -437,7 +523,8 @@ def test_reusing_the_documents_cache_gives_the_scores_of_two_whole_passes(family
     assert rows[True] == [p, len(enc.ids) - p] and rows[False] == [len(enc.ids)]
     a, b = got[True], got[False]
     assert a.correct == b.correct
-    for name in ("copy", "mass", "null_mass", "write_evidence", "write_other"):
+    for name in ("copy", "mass", "null_mass", "focus", "focus_all", "write_evidence",
+                 "write_other"):  # fmt: skip
         np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-4)
     assert sums[True].count == sums[False].count == len(enc.ids)
     for la in range(m.n_layers):
