@@ -29,7 +29,8 @@ if [ "$1" = stage ]; then
   ST=$2 XZ=$3 GZ=$4 FILES=$5 PER=${PER:-45000000}
   rm -rf "$ST" && mkdir -p "$ST/c0/files"
   git archive HEAD headhunt probes heads kernels sae app benchmarks/taskheads_gguf_fix.py \
-    benchmarks/taskheads_report.py | gzip >"$ST/c0/src.tgz"
+    benchmarks/taskheads_report.py benchmarks/taskheads_qrfilter.py benchmarks/bench_capture.py \
+    benchmarks/taskheads_128k.py | gzip >"$ST/c0/src.tgz"
   cp "$FILES"/*.json "$FILES"/*.xz "$FILES"/*.whl "$ST/c0/files/" && cp "$6" "$ST/c0/settings.env"
   stage_pieces "$ST" "$PER" smol "$XZ" gemma "$GZ"
   for d in "$ST"/c*; do cp "$0" "$d/readout_gpu.sh" && cp "$(dirname "$0")/gpu_pieces.sh" "$d/"; done
@@ -42,18 +43,36 @@ PY=${PY:-python3}
 export PYTHONPATH=$G/pkg:$G/site HEADHUNT_CACHE=$G/cache PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 take_folder "$C"
 
-run_task() {  # run_task NAME TASK: one taskheads run (KS_<task>, - as _, overrides KS)
-  local out=$G/runs/$1-$2 docs words modes kvar=KS_${2//-/_}
-  local ks=${!kvar:-$KS}
+setting() {  # setting NAME TASK VAR DEFAULT: VAR_<name>_<task>, else VAR_<task>, else DEFAULT
+  local a=$3_$1_${2//-/_} b=$3_${2//-/_}
+  echo "${!a:-${!b:-$4}}"
+}
+
+run_task() {  # run_task NAME TASK: one taskheads run (KS, DOCS, WORDS, MODES per task or model)
+  local out=$G/runs/$1-$2 docs words modes ks
   if [ "$2" = kv ]; then
     docs=$KV_DOCS words=10 modes=$KV_MODES
   else
     docs=$MD_DOCS words=$MD_WORDS modes=$MD_MODES
   fi
-  $PY -m headhunt taskheads --model $G/$1.gguf --task "$2" --docs "$docs" --doc-words "$words" \
-    --examples $((SCORE + EVAL)) --score-examples "$SCORE" --ks "$ks" --modes "$modes" \
-    --random-from all,outside --random-draws "$DRAWS" --detectors "${DETECTORS:-copy,query,write}" \
-    --batch-size 64 --out "$out" --force >"$out.log" 2>&1
+  ks=$(setting "$1" "$2" KS "$KS") docs=$(setting "$1" "$2" DOCS "$docs")
+  words=$(setting "$1" "$2" WORDS "$words") modes=$(setting "$1" "$2" MODES "$modes")
+  local common=(--model "$G/$1.gguf" --task "$2" --docs "$docs" --doc-words "$words"
+    --examples $((SCORE + EVAL)) --score-examples "$SCORE" --batch-size 64)
+  if [ -n "${QRFILTER:-}" ]; then  # detection alone first; ablate only the k whose query
+    # top-k set QRHead's filter changes (taskheads_qrfilter.py; k past 16: always)
+    $PY -m headhunt taskheads "${common[@]}" --ks 1 --modes zero --detectors query \
+      --random-draws 0 --no-specificity --out "$out-detect" --force >"$out-detect.log" 2>&1
+    $PY $G/src/benchmarks/taskheads_qrfilter.py "$out-detect" --out "$out-detect.json" \
+      >>"$out-detect.log" 2>&1
+    ks=$($PY -c "import json, sys; same = json.load(open(sys.argv[1]))[0]['same_top_k']
+print(','.join(k for k in sys.argv[2].split(',') if not same.get(k)))" "$out-detect.json" "$ks")
+    echo "k to ablate: ${ks:-none}" >>"$out-detect.log"
+    [ -n "$ks" ] || return 0
+  fi
+  $PY -m headhunt taskheads "${common[@]}" --ks "$ks" --modes "$modes" \
+    --random-from "${RANDOM_FROM:-all,outside}" --random-draws "$DRAWS" \
+    --detectors "${DETECTORS:-copy,query,write}" --out "$out" --force >"$out.log" 2>&1
   echo "exit $?" >>"$out.log"
 }
 
@@ -89,7 +108,7 @@ join gemma gzip
 for m in smol gemma; do
   if [ -f $G/$m.gguf ] && [ -d $G/pkg ] && [ ! -f $G/runs/$m.started ]; then
     touch $G/runs/$m.started
-    export -f run_model run_task
+    export -f run_model run_task setting
     export G PY
     setsid nohup bash -c "run_model $m" >$G/runs/$m-chain.log 2>&1 &
     echo "started $m"
@@ -109,6 +128,10 @@ if [ "${2:-}" = wait ]; then
     sleep 1
   done
   pack
+  if [ -n "${BENCH_128K:-}" ] && [ $busy = 0 ]; then  # alone on the card, after every run
+    (cd /tmp && $PY $G/src/benchmarks/taskheads_128k.py --out "$OUT" >$G/runs/bench-128k.log 2>&1)
+    echo "128k: exit $?" && pack
+  fi
   for f in $G/runs/*.log; do echo "== $f"; grep -v "Convert\|it/s\]" "$f" | tail -3; done
   ls -la "$OUT"
 fi
