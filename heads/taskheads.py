@@ -71,7 +71,7 @@ class TaskCapture(AttentionHook):
 
     Attributes (per layer, float32 on the CPU):
         tokens: [hq, context keys] mean over ``rows`` of the probability on each context key
-            (from the first document's first token to the last one's end).
+            (from the first document's first token to the last one's end), on the device.
         mass: [hq, docs] the same summed over each document's keys.
         argmax: [hq, answer] absolute argmax key of each answer row.
         z_evidence, z_other: [answer, hq, d] sum_j p_j v_j over evidence / other context keys.
@@ -138,7 +138,7 @@ class TaskCapture(AttentionHook):
         p = self.probs(call, stats.lse, s, e).mean(1)  # [hq, keys]
         mass = torch.zeros(p.shape[0], len(self.doc_spans) + 1, device=p.device)
         mass.index_add_(1, self.doc_of.to(p.device), p)
-        return p.cpu(), mass[:, :-1].cpu()
+        return p, mass[:, :-1].cpu()  # tokens stay on the device: filtered there
 
     def _answer(self, call, kw, s, e) -> None:
         stats = self._lse(call, kw, s, e)
@@ -415,11 +415,11 @@ def score_example(
     lo, hi = cap.lo, cap.hi
     spans = [(s - lo, e - lo) for s, e in enc.doc_spans]
     focus = np.zeros((L, H, len(spans)))
-    all_heads = torch.zeros(hi - lo)
-    top = torch.zeros(hi - lo) if retriever_heads is not None else None
+    on = next(iter(cap.tokens.values())).device  # (--device-map: the first layer's GPU)
+    all_heads, top = torch.zeros(hi - lo, device=on), torch.zeros(hi - lo, device=on)
     for layer in range(L):  # a layer at a time: per-token scores are heads x context keys
-        calibrated = cap.tokens.pop(layer) - null.tokens.pop(layer)  # [hq, keys]
-        focus[layer] = qr_document_scores(calibrated, spans).numpy()
+        calibrated = (cap.tokens.pop(layer) - null.tokens.pop(layer)).to(on)  # [hq, keys]
+        focus[layer] = qr_document_scores(calibrated, spans).cpu().numpy()
         all_heads += calibrated.sum(0)
         for la, h in retriever_heads or ():
             if la == layer:
@@ -450,8 +450,8 @@ def score_example(
         evidence=list(enc.evidence),
         tokens=len(ids),
         focus=focus,
-        focus_all=qr_document_scores(all_heads, spans).numpy(),
-        focus_top=None if top is None else qr_document_scores(top, spans).numpy(),
+        focus_all=qr_document_scores(all_heads, spans).cpu().numpy(),
+        focus_top=None if retriever_heads is None else qr_document_scores(top, spans).cpu().numpy(),
     )
 
 
