@@ -295,12 +295,8 @@ class ExampleResult:
     filtered: bool = True
 
     @property
-    def calibrated(self) -> np.ndarray:
-        return self.focus
-
-    @property
     def query_focus(self) -> np.ndarray:
-        return self.calibrated[:, :, self.evidence].sum(-1)
+        return self.focus[:, :, self.evidence].sum(-1)
 
     @property
     def write(self) -> np.ndarray:
@@ -502,7 +498,7 @@ def head_matrices(results: Sequence[ExampleResult]) -> dict[str, np.ndarray]:
     multi = [r for r in results if r.mass.shape[-1] > 1]
     rec, ndcg = np.full((L, H), np.nan), np.full((L, H), np.nan)
     if multi:
-        m = np.array([[[ranking_metrics(r.calibrated[la, h], r.evidence) for h in range(H)]
+        m = np.array([[[ranking_metrics(r.focus[la, h], r.evidence) for h in range(H)]
                        for la in range(L)] for r in multi])  # fmt: skip
         rec, ndcg = m[..., 0].mean(0), m[..., 1].mean(0)
     out["query_recall1"], out["query_ndcg10"] = rec, ndcg

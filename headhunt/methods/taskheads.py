@@ -94,16 +94,18 @@ retrieval, Lost in the Middle) or needle. One teacher-forced pass per example (t
 fed; whether greedy decoding would have answered is recorded) and one null-question pass
 give three scores per head: copy_score (Wu et al.'s rule under teacher forcing), query_focus
 (QRHead's null-calibrated question-to-evidence attention, its outlier filter per document;
-query_recall1 / query_ndcg10: its document ranking) and write_score (LOCOS: the evidence-weighted write toward the gold
-token's logit minus the off-evidence write, final norm linearised, correct examples only).
+query_recall1 / query_ndcg10: its document ranking) and write_score (LOCOS: the
+evidence-weighted write toward the gold token's logit minus the off-evidence write, final norm
+linearised, correct examples only).
 The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
 heads are ablated (--modes: mean, zero, or only at the question and answer rows with
 mean-readout / zero-readout) against --random-draws random k-head sets (from all heads, and
 from the heads outside that detector's top k), with closed-book prompts the model answers
 without context as the specificity control (mean ablation there puts in the heads' mean over
 other closed-book prompts; closed_book: with the task's mean), and documents are
-ranked by the top heads' calibrated attention (QRHead's retriever) against BM25 and all heads. Writes scores.parquet,
-examples.jsonl, conditions.jsonl, ablation.csv, detectors.json, retrieval.json and
+ranked by the top --retriever-heads query-focus heads (QRHead's retriever, the heads chosen on
+the scoring examples) against BM25 and all heads. Writes scores.parquet, examples.jsonl,
+retriever_heads.json, conditions.jsonl, ablation.csv, detectors.json, retrieval.json and
 taskheads.html."""
     units = "examples and ablation conditions"
     top = 10
