@@ -475,6 +475,31 @@ def test_run_writes_the_causal_check_and_the_retriever(planted, tmp_path):
     assert (table[(table.detector == "copy") & (table.k == 2)].random_outside == 1.0).all()
 
 
+def test_resuming_records_from_before_the_token_filter_is_refused_in_one_line(planted, tmp_path):
+    """Examples scored before QRHead's filter (no ``focus`` in their records) would mix two
+    definitions of query focus in one run: resuming from them is refused, never mixed."""
+    import json
+
+    from headhunt.errors import HeadhuntError
+
+    m, _ = planted
+    rows = [{"context": e.documents, "question": e.question, "answer": e.answer, "lead": e.lead}
+            for e in planted_examples(4)]  # fmt: skip
+    data = tmp_path / "task.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = {"input": str(data), "score_examples": 2, "ks": [1], "random_draws": 0,
+           "modes": ["zero"], "detectors": ["query"], "specificity": False}  # fmt: skip
+    done = hh.run("taskheads", cfg, model=m, out=tmp_path / "new", progress=False)
+    old = [{k: v for k, v in r.items() if not k.startswith("focus")}
+           for r in read_jsonl(done.path / "examples.jsonl")]  # fmt: skip
+    partial = tmp_path / "old.partial"
+    partial.mkdir()
+    (partial / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old[:2]))
+    with pytest.raises(HeadhuntError, match="predate QRHead's token filter") as err:
+        hh.run("taskheads", cfg, model=m, out=tmp_path / "old", resume=True, progress=False)
+    assert "\n" not in str(err.value)
+
+
 def test_a_detectors_outside_draws_do_not_depend_on_which_detectors_run(planted, tmp_path):
     """A run of one detector (--detectors query) draws that detector's outside control as a run
     of all three does, so a smaller run repeats a larger one's draws."""
