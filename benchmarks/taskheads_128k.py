@@ -119,7 +119,7 @@ def main() -> None:
     r = result["r"]
     report["evidence_copy_heads"] = int((r.copy > 0).sum())
     arrays = (r.mass, r.null_mass, r.focus, r.focus_all, r.focus_top, r.write_evidence,
-              r.write_other)  # fmt: skip
+              r.write_off)  # fmt: skip
     report["finite"] = bool(all(torch.isfinite(torch.tensor(x)).all() for x in arrays))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ KS = (1, 2, 4, 8, 16)
 def unfiltered(r):
     """The same example with query focus as before the filter (document sums of the
     calibrated attention)."""
-    return dataclasses.replace(r, focus=r.mass - r.null_mass, filtered=False)
+    return dataclasses.replace(r, focus=r.mass - r.null_mass, current=False)
 
 
 def retrieval(results, rank) -> dict:
@@ -45,7 +45,7 @@ def compare(run: Path) -> dict:
     records = read_jsonl(run / "examples.jsonl")
     score = [ExampleResult.from_record(r) for r in records if r["split"] == "score"]
     evals = [ExampleResult.from_record(r) for r in records if r["split"] == "eval"]
-    if not all(r.filtered for r in score + evals):
+    if not all(r.current for r in score + evals):
         raise SystemExit(f"error: {run} predates the filter: nothing to compare")
     n = params["retriever_heads"]
     top = {"filtered": top_heads(head_matrices(score)["query_focus"], 16),

@@ -22,7 +22,7 @@ from headhunt.heads import taskheads as T
 from headhunt.heads.inputs.task_inputs import Encoder, bundled
 from headhunt.probes.hooked import load_model
 
-SCORES = ("copy", "mass", "null_mass", "write_evidence", "write_other")
+SCORES = ("copy", "mass", "null_mass", "focus", "write_evidence", "write_off")
 TASKS = {"multidoc-hard": (12, 40), "kv": (10, 10)}
 
 

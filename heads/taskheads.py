@@ -21,12 +21,16 @@ replaced by "N/A") calibrates query focus, as QRHead does.
   RMSNorm linearised (its scale ``1 / rms(x_t)`` frozen at the real final residual ``x_t``,
   so the component is ``(W_O^h z) . (g * U[gold]) / rms(x_t)``, exact for the real
   residual: the logit is the sum of its components' values), summed over the evidence keys
-  minus the same over the other context keys. Averaged over answer steps, and over the
-  examples the model answers correctly (LOCOS's correctness filter).
+  (L+) minus LOCOS's L-: the same summed over every other key the row sees (BOS, instruction,
+  question and earlier answer tokens included), times the row's evidence keys over those
+  other keys, so that both stand for a span of the evidence's length (aryopg/locos,
+  ``locos/detectors/logit_contrib.py``; a head that spreads its write evenly scores 0).
+  Averaged over answer steps, and over the examples the model answers correctly (LOCOS's
+  correctness filter).
 
 Probabilities are exact: each chosen row's log-sum-exp comes from
 :func:`headhunt.kernels.attention_stats` on the question and answer rows only, and a row's
-probabilities on the context keys are ``exp(score - lse)`` (the same numbers as
+probabilities on the keys are ``exp(score - lse)`` (the same numbers as
 :func:`headhunt.kernels.attention_probs_at`): a few dense rows, never an N x N matrix, with the
 layer's own mask, window and softcap.
 """
@@ -67,14 +71,17 @@ def _rows_kwargs(kw: dict, start: int, stop: int) -> dict:
 class TaskCapture(AttentionHook):
     """Per layer, from one forward of a batch-1 sequence: each head's mean attention mass per
     document from ``rows`` (question rows), and at ``answer_rows`` its argmax key and its
-    attention-weighted values over the evidence and the other context keys.
+    attention-weighted values over the evidence keys and over every other key the row sees.
 
     Attributes (per layer, float32 on the CPU):
         tokens: [hq, context keys] mean over ``rows`` of the probability on each context key
             (from the first document's first token to the last one's end), on the device.
         mass: [hq, docs] the same summed over each document's keys.
         argmax: [hq, answer] absolute argmax key of each answer row.
-        z_evidence, z_other: [answer, hq, d] sum_j p_j v_j over evidence / other context keys.
+        z_evidence, z_off: [answer, hq, d] sum_j p_j v_j over the evidence keys / over every
+            other key (BOS, instruction, question, earlier answer tokens included).
+        off_scale: [answer] the row's visible evidence keys over its visible other keys
+            (LOCOS's rescaling of the off-evidence sum to a span of the evidence's length).
     """
 
     def __init__(
@@ -101,7 +108,8 @@ class TaskCapture(AttentionHook):
         self.mass: dict[int, Tensor] = {}
         self.argmax: dict[int, Tensor] = {}
         self.z_evidence: dict[int, Tensor] = {}
-        self.z_other: dict[int, Tensor] = {}
+        self.z_off: dict[int, Tensor] = {}
+        self.off_scale: dict[int, Tensor] = {}
 
     def before(self, call: AttentionCall) -> None:
         if call.query.shape[0] != 1 or call.key_start != 0:
@@ -123,14 +131,17 @@ class TaskCapture(AttentionHook):
         q = call.query[:, :, s:e]
         return attention_stats(q, call.key, key_stats=False, **_rows_kwargs(kw, s, e))
 
-    def probs(self, call: AttentionCall, lse, s: int, e: int) -> Float[Tensor, "hq rows keys"]:
-        """Exact probabilities of rows [s, e) on the context keys: ``exp(score - lse)``, the
+    def probs(
+        self, call: AttentionCall, lse, s: int, e: int, keys: slice | None = None
+    ) -> Float[Tensor, "hq rows keys"]:
+        """Exact probabilities of rows [s, e) on ``keys`` (default: the context's):
+        ``exp(score - lse)`` (0 where the row cannot see the key), the
         scores as the layer's kernel makes them (scale, softcap, mask and window:
         :meth:`AttentionCall.scores`, a few dense rows), the log-sum-exp from the kernels (so
         a learned sink's share is left out, as in the model). The same numbers as
         :func:`headhunt.kernels.attention_probs_at` on every (row, key) pair, in one matmul
         per layer instead of a gather per pair."""
-        scores = call.scores(slice(s, e))[0, :, :, self.lo : self.hi]
+        scores = call.scores(slice(s, e))[0, :, :, keys or slice(self.lo, self.hi)]
         return torch.exp(scores - lse[0][..., None])
 
     def _mass(self, call, kw, s, e) -> tuple[Tensor, Tensor]:
@@ -142,14 +153,21 @@ class TaskCapture(AttentionHook):
 
     def _answer(self, call, kw, s, e) -> None:
         stats = self._lse(call, kw, s, e)
-        hq, group = call.query.shape[1], call.query.shape[1] // call.key.shape[1]
+        hkv = call.key.shape[1]
         self.argmax[call.layer] = (stats.argmax[0] + call.key_start).cpu()  # [hq, answer]
-        p = self.probs(call, stats.lse, s, e)  # [hq, rows, keys]
-        kv = torch.arange(hq, device=p.device) // group
-        vals = call.value[0, :, self.lo : self.hi].float()[kv]  # [hq, keys, d]
-        ev = self.on_evidence.to(p.device)
-        self.z_evidence[call.layer] = torch.einsum("hrk,hkd->rhd", p * ev, vals).cpu()
-        self.z_other[call.layer] = torch.einsum("hrk,hkd->rhd", p * ~ev, vals).cpu()
+        p = self.probs(call, stats.lse, s, e, keys=slice(None))  # [hq, rows, every key]
+        hq, r, nk = p.shape
+        ev = torch.zeros(nk, dtype=torch.bool, device=p.device)
+        ev[self.lo : self.hi] = self.on_evidence.to(p.device)
+        # GQA by grouping each KV head's query heads, never copying its values
+        pg = p.view(hkv, hq // hkv, r, nk)
+        vals = call.value[0].float()  # [hkv, keys, d]
+        for name, keys in (("z_evidence", ev), ("z_off", ~ev)):
+            z = torch.einsum("hgrk,hkd->rhgd", pg * keys, vals).reshape(r, hq, -1)
+            getattr(self, name)[call.layer] = z.cpu()
+        seen = call.visible(slice(s, e))[0].to(p.device)  # [rows, keys]: mask, window
+        n_ev, n_off = (seen & ev).sum(-1), (seen & ~ev).sum(-1)
+        self.off_scale[call.layer] = (n_ev / n_off.clamp(min=1)).float().cpu()
 
 
 class OutputSum(AttentionHook):
@@ -277,8 +295,10 @@ class ExampleResult:
     document; ``focus``: QRHead's filtered document score of their per-token difference (what
     query focus and the heads' document rankings use); ``focus_all`` / ``focus_top`` [docs]:
     the same for the per-token sum over all heads / over the retriever's heads (an evaluation
-    example's). ``filtered`` is False for records from before the filter (``focus`` is then the
-    plain difference of masses, read for display only)."""
+    example's); ``write_evidence`` / ``write_off``: the write score's L+ and LOCOS's rescaled
+    L-. ``current`` is False for a record from before QRHead's filter and LOCOS's rescaling
+    (read for display only: ``focus`` is then the plain difference of masses, ``write_off``
+    the unscaled write of the other context keys)."""
 
     id: str
     correct: bool
@@ -286,13 +306,13 @@ class ExampleResult:
     mass: np.ndarray
     null_mass: np.ndarray
     write_evidence: np.ndarray
-    write_other: np.ndarray
+    write_off: np.ndarray
     evidence: list[int]
     tokens: int
     focus: np.ndarray
     focus_all: np.ndarray | None = None
     focus_top: np.ndarray | None = None
-    filtered: bool = True
+    current: bool = True
 
     @property
     def query_focus(self) -> np.ndarray:
@@ -300,7 +320,7 @@ class ExampleResult:
 
     @property
     def write(self) -> np.ndarray:
-        return self.write_evidence - self.write_other
+        return self.write_evidence - self.write_off
 
     def to_record(self) -> dict:
         return {
@@ -312,7 +332,7 @@ class ExampleResult:
             "mass": self.mass.round(7).tolist(),
             "null_mass": self.null_mass.round(7).tolist(),
             "write_evidence": self.write_evidence.round(6).tolist(),
-            "write_other": self.write_other.round(6).tolist(),
+            "write_off": self.write_off.round(6).tolist(),
             "focus": self.focus.round(7).tolist(),
             **{name: getattr(self, name).round(7).tolist() for name in ("focus_all", "focus_top")
                if getattr(self, name) is not None},
@@ -321,12 +341,14 @@ class ExampleResult:
     @classmethod
     def from_record(cls, r: dict) -> ExampleResult:
         a = {k: np.asarray(r[k], float) for k in ("copy", "mass", "null_mass")}
-        w = {k: np.asarray(r[k], float) for k in ("write_evidence", "write_other")}
         f = {k: np.asarray(r[k], float) for k in ("focus_all", "focus_top") if k in r}
-        filtered = "focus" in r
-        focus = np.asarray(r["focus"], float) if filtered else a["mass"] - a["null_mass"]
-        return cls(r["id"], bool(r["correct"]), **a, **w, evidence=r["evidence"],
-                   tokens=r["tokens"], focus=focus, filtered=filtered, **f)  # fmt: skip
+        current = "focus" in r and "write_off" in r
+        # an earlier record: its unfiltered masses and its unscaled context-only L- (display)
+        focus = np.asarray(r["focus"], float) if "focus" in r else a["mass"] - a["null_mass"]
+        off = np.asarray(r["write_off" if "write_off" in r else "write_other"], float)
+        return cls(r["id"], bool(r["correct"]), **a, write_evidence=np.asarray(
+            r["write_evidence"], float), write_off=off, evidence=r["evidence"],
+            tokens=r["tokens"], focus=focus, current=current, **f)  # fmt: skip
 
 
 def shared_prefix(enc: Encoded) -> int:
@@ -434,7 +456,8 @@ def score_example(
         w_h = w_o.view(w_o.shape[0], H, -1)  # [d_model, hq, d]
         per_head = torch.einsum("mhd,rm->rhd", w_h, direction.to(w_o.device)).cpu()
         w_ev[layer] = (cap.z_evidence[layer] * per_head).sum(-1).mean(0).numpy()
-        w_off[layer] = (cap.z_other[layer] * per_head).sum(-1).mean(0).numpy()
+        off = (cap.z_off[layer] * per_head).sum(-1) * cap.off_scale[layer][:, None]
+        w_off[layer] = off.mean(0).numpy()
     return ExampleResult(
         id=enc.id,
         correct=correct,
@@ -442,7 +465,7 @@ def score_example(
         mass=np.stack([cap.mass[i].numpy() for i in range(L)]),
         null_mass=np.stack([null.mass[i].numpy() for i in range(L)]),
         write_evidence=w_ev,
-        write_other=w_off,
+        write_off=w_off,
         evidence=list(enc.evidence),
         tokens=len(ids),
         focus=focus,

@@ -95,8 +95,8 @@ fed; whether greedy decoding would have answered is recorded) and one null-quest
 give three scores per head: copy_score (Wu et al.'s rule under teacher forcing), query_focus
 (QRHead's null-calibrated question-to-evidence attention, its outlier filter per document;
 query_recall1 / query_ndcg10: its document ranking) and write_score (LOCOS: the
-evidence-weighted write toward the gold token's logit minus the off-evidence write, final norm
-linearised, correct examples only).
+evidence-weighted write toward the gold token's logit minus the off-evidence write rescaled to
+the evidence's length, final norm linearised, correct examples only).
 The first --score-examples examples score the heads; the rest evaluate: each detector's top-k
 heads are ablated (--modes: mean, zero, or only at the question and answer rows with
 mean-readout / zero-readout) against --random-draws random k-head sets (from all heads, and
@@ -132,8 +132,9 @@ taskheads.html."""
             "no example has two documents or more",
         ),
         "write_score": MetricInfo(
-            "the head's write toward the gold token's logit from evidence keys minus from the "
-            "other context keys (LOCOS; final norm's scale frozen), correct examples only",
+            "the head's write toward the gold token's logit from the evidence keys minus from "
+            "every other key, rescaled to the evidence's length (LOCOS; final norm's scale "
+            "frozen), correct examples only",
             "logit",
             "the model answered no scoring example correctly",
         ),
@@ -216,14 +217,14 @@ def _retriever_heads(config: TaskHeadsConfig, ctx) -> list[tuple[int, int]]:
 
     scoring = [ExampleResult.from_record(r) for r in ctx.records(EXAMPLES)
                if r["split"] == "score"]  # fmt: skip
-    _require_filtered(scoring)
+    _require_current(scoring)
     return top_heads(head_matrices(scoring)["query_focus"], config.retriever_heads)
 
 
-def _require_filtered(results) -> None:
-    require(all(r.filtered for r in results),
-            "this run's records predate QRHead's token filter in query focus: run it again "
-            "with --force")  # fmt: skip
+def _require_current(results) -> None:
+    require(all(r.current for r in results),
+            "this run's records predate QRHead's token filter and LOCOS's rescaled contrast: "
+            "run it again with --force")  # fmt: skip
 
 
 def _score_examples(model, ctx, encoded, indices, what: str, *, scoring: bool = False,
@@ -269,7 +270,7 @@ class Plan:
         self.eval = [
             r for r, rec in zip(self.results, records, strict=True) if rec["split"] == "eval"
         ]
-        _require_filtered(self.results)
+        _require_current(self.results)
         self.matrices = head_matrices(score)
         scoring = [r for r in records if r["split"] == "score"]
         count = sum(r["out_count"] for r in scoring)

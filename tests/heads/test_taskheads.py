@@ -285,9 +285,11 @@ class DenseRows(AttentionHook):
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 @torch.no_grad()
 def test_write_score_equals_the_direct_computation(family):
-    """Per head: the evidence and off-evidence writes equal a dense computation from the
-    model's own probabilities; summed with the keys outside the context they equal the head's
-    real output projected; and the linearised final norm gives the real gold logit."""
+    """Per head: L+ (the evidence keys' write) and LOCOS's L- (every other key's write, times
+    the row's evidence keys over its other keys, counted under the layer's own causal mask and
+    window, written out here) equal a dense computation from the model's own probabilities;
+    all keys together give the head's real output projected; and the linearised final norm
+    gives the real gold logit."""
     if family == "llama":
         m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, seed=3)
     else:  # Gemma's (1 + w) norm and an 8-token sliding window, past which the prompt runs
@@ -309,13 +311,14 @@ def test_write_score_equals_the_direct_computation(family):
     # the linearisation is exact at the real residual: x . direction is the gold logit
     assert torch.allclose((keep.x * direction).sum(-1), logits[torch.arange(len(gold)), gold],
                           atol=1e-4)  # fmt: skip
-    lo, hi = enc.context
     ev = torch.zeros(len(enc.ids), dtype=torch.bool)
     for i in enc.evidence:
         ev[slice(*enc.doc_spans[i])] = True
-    ctx = torch.zeros_like(ev)
-    ctx[lo:hi] = True
     from headhunt.sae.activations import output_projection
+
+    cfg = m.model.config
+    pos = torch.arange(len(enc.ids))
+    row = torch.arange(*rows)[:, None]
 
     H, hq = m.n_heads, m.n_heads
     for layer in range(m.n_layers):
@@ -324,14 +327,21 @@ def test_write_score_equals_the_direct_computation(family):
         w_o = output_projection(m, layer).float().view(-1, H, m.head_dim)
         per_head = torch.einsum("mhd,rm->rhd", w_o, direction)
 
-        def write(mask, p=p, vals=vals, per_head=per_head):
+        def write(mask, p=p, vals=vals, per_head=per_head):  # [rows, hq]
             z = torch.einsum("hrk,hkd->rhd", p * mask, vals)
-            return (z * per_head).sum(-1).mean(0)
+            return (z * per_head).sum(-1)
 
-        assert np.allclose(res.write_evidence[layer], write(ev).numpy(), atol=1e-5)
-        assert np.allclose(res.write_other[layer], write(ctx & ~ev).numpy(), atol=1e-5)
+        seen = pos[None] <= row  # causal, and a sliding layer's window (HF: q - k < w)
+        if getattr(cfg, "layer_types", None) and cfg.layer_types[layer] == "sliding_attention":
+            seen &= pos[None] > row - cfg.sliding_window
+        scale = (seen & ev).sum(-1) / (seen & ~ev).sum(-1)  # [rows]
+        assert np.allclose(res.write_evidence[layer], write(ev).mean(0).numpy(), atol=1e-5)
+        off = (write(~ev) * scale[:, None]).mean(0)
+        assert np.allclose(res.write_off[layer], off.numpy(), atol=1e-5)
         real = (dense.out[layer] * per_head).sum(-1).mean(0)
-        assert torch.allclose(write(torch.ones_like(ev)), real, atol=1e-5)
+        assert torch.allclose(write(torch.ones_like(ev)).mean(0), real, atol=1e-5)
+    if family == "gemma3_text":  # the window hid some evidence from a sliding layer's rows
+        assert cfg.sliding_window < rows[0] - enc.doc_spans[enc.evidence[0]][0]
 
 
 def qrhead_filter(tokens: np.ndarray) -> float:
@@ -412,12 +422,17 @@ def test_query_focus_and_the_retriever_equal_qrheads_rule_on_dense_rows(family):
     # some document drops a token somewhere (else the filter was not exercised)
     raw = res.mass - res.null_mass
     assert np.abs(raw - res.focus).max() > 1e-4
-    # records keep every score; a record from before the filter reads back unfiltered
+    # records keep every score; a record from before the filter reads back unfiltered, and
+    # one from before LOCOS's rescaling (write_other: unscaled) is not current either
     back = T.ExampleResult.from_record(res.to_record())
     np.testing.assert_allclose(back.focus, res.focus, atol=1e-6)
     np.testing.assert_allclose(back.focus_top, res.focus_top, atol=1e-6)
+    assert back.current
     old = {k: v for k, v in res.to_record().items() if not k.startswith("focus")}
-    assert not T.ExampleResult.from_record(old).filtered
+    assert not T.ExampleResult.from_record(old).current
+    older = dict(res.to_record())
+    older["write_other"] = older.pop("write_off")
+    assert not T.ExampleResult.from_record(older).current
 
 
 def test_ranking_metrics_and_top_heads():
@@ -549,7 +564,7 @@ def test_reusing_the_documents_cache_gives_the_scores_of_two_whole_passes(family
     a, b = got[True], got[False]
     assert a.correct == b.correct
     for name in ("copy", "mass", "null_mass", "focus", "focus_all", "write_evidence",
-                 "write_other"):  # fmt: skip
+                 "write_off"):  # fmt: skip
         np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-4)
     assert sums[True].count == sums[False].count == len(enc.ids)
     for la in range(m.n_layers):
