@@ -59,14 +59,24 @@ run_task() {  # run_task NAME TASK: one taskheads run (KS, DOCS, WORDS, MODES pe
   words=$(setting "$1" "$2" WORDS "$words") modes=$(setting "$1" "$2" MODES "$modes")
   local common=(--model "$G/$1.gguf" --task "$2" --docs "$docs" --doc-words "$words"
     --examples $((SCORE + EVAL)) --score-examples "$SCORE" --batch-size 64)
-  if [ -n "${QRFILTER:-}" ]; then  # detection alone first; ablate only the k whose query
-    # top-k set QRHead's filter changes (taskheads_qrfilter.py; k past 16: always)
-    $PY -m headhunt taskheads "${common[@]}" --ks 1 --modes zero --detectors query \
+  if [ -n "${QRFILTER:-}${AGAINST:-}" ]; then  # detection alone first, then ablate only the
+    # k whose top-k set changed: QRFILTER, query's with QRHead's filter against without it
+    # (taskheads_qrfilter.py, the same records); AGAINST (files/AGAINST: NAME-TASK -> a
+    # committed run's top 16 of DETECTORS), that detector's against the committed run's
+    $PY -m headhunt taskheads "${common[@]}" --ks 1 --modes zero --detectors "${DETECTORS:-query}" \
       --random-draws 0 --no-specificity --out "$out-detect" --force >"$out-detect.log" 2>&1
-    $PY $G/src/benchmarks/taskheads_qrfilter.py "$out-detect" --out "$out-detect.json" \
-      >>"$out-detect.log" 2>&1
-    ks=$($PY -c "import json, sys; same = json.load(open(sys.argv[1]))[0]['same_top_k']
+    if [ -n "${QRFILTER:-}" ]; then
+      $PY $G/src/benchmarks/taskheads_qrfilter.py "$out-detect" --out "$out-detect.json" \
+        >>"$out-detect.log" 2>&1
+      ks=$($PY -c "import json, sys; same = json.load(open(sys.argv[1]))[0]['same_top_k']
 print(','.join(k for k in sys.argv[2].split(',') if not same.get(k)))" "$out-detect.json" "$ks")
+    else
+      ks=$($PY -c "import json, sys; new = json.load(open(sys.argv[1]))['top'][sys.argv[3]]
+old = json.load(open(sys.argv[2]))[sys.argv[4]]
+print(','.join(k for k in sys.argv[5].split(',') if int(k) > 16
+               or {tuple(h) for h in new[:int(k)]} != {tuple(h) for h in old[:int(k)]}))" \
+        "$out-detect/detectors.json" "$G/in/files/$AGAINST" "$DETECTORS" "$1-$2" "$ks")
+    fi
     echo "k to ablate: ${ks:-none}" >>"$out-detect.log"
     [ -n "$ks" ] || return 0
   fi
