@@ -82,6 +82,15 @@ def planted():
     return m, [enc.encode(e) for e in planted_examples(6)]
 
 
+def tiny_family(family: str, seed: int) -> HookedModel:
+    """A tiny Llama, or a tiny Gemma 3 (an 8-token sliding window the prompts run past)."""
+    tok = word_tokenizer()
+    if family == "llama":
+        return tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, tokenizer=tok, seed=seed)
+    return HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=seed),
+                       tokenizer=tok, name="tiny-gemma3")  # fmt: skip
+
+
 def test_planted_heads_rank_first_on_every_detector(planted):
     m, encoded = planted
     results = [T.score_example(m, e, retriever_heads=[COPIER, READER]) for e in encoded]
@@ -389,13 +398,8 @@ def test_query_focus_and_the_retriever_equal_qrheads_rule_on_dense_rows(family):
     dense attention minus the null question's, token by token; the retriever's scores filter
     the per-token sum over its heads (over all heads for ``focus_all``), not the heads' own
     scores added up. On a tiny Gemma 3 the prompt runs past its 8-token sliding window."""
-    tok = word_tokenizer()
-    if family == "llama":
-        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, tokenizer=tok, seed=3)
-    else:
-        m = HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=3),
-                        tokenizer=tok, name="tiny-gemma3")  # fmt: skip
-    enc = Encoder(tok, m.max_context).encode(planted_examples(3)[2])
+    m = tiny_family(family, seed=3)
+    enc = Encoder(m.tokenizer, m.max_context).encode(planted_examples(3)[2])
     heads = [(1, 2), (0, 1), (1, 0)]
     res = T.score_example(m, enc, retriever_heads=heads)
     dense = {}
@@ -538,13 +542,8 @@ def test_reusing_the_documents_cache_gives_the_scores_of_two_whole_passes(family
     """The null pass on the documents' KV cache (and the teacher-forced suffix after a cached
     prefix) gives every detector's numbers and the output sums of two whole passes; on a tiny
     Gemma 3 the prompt runs past its sliding window (8 tokens)."""
-    tok = word_tokenizer()
-    if family == "llama":
-        m = tiny_llama(n_layers=2, n_heads=4, n_kv_heads=2, tokenizer=tok, seed=2)
-    else:
-        m = HookedModel(model=tiny_causal_lm("gemma3_text", vocab_size=len(tok), seed=1),
-                        tokenizer=tok, name="tiny-gemma3")  # fmt: skip
-    enc = Encoder(tok, m.max_context).encode(planted_examples(2)[1])
+    m = tiny_family(family, seed=2 if family == "llama" else 1)
+    enc = Encoder(m.tokenizer, m.max_context).encode(planted_examples(2)[1])
     assert T.shared_prefix(enc) == enc.question[0] > enc.doc_spans[-1][1] > 8
     sums = {True: T.OutputSum(), False: T.OutputSum()}
     rows: dict[bool, list[int]] = {True: [], False: []}
