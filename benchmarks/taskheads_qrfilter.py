@@ -27,18 +27,9 @@ def unfiltered(r):
     return dataclasses.replace(r, focus=r.mass - r.null_mass, current=False)
 
 
-def retrieval(results, rank) -> dict:
-    from headhunt.heads.taskheads import mean_se, ranking_metrics
-
-    m = [ranking_metrics(rank(r), r.evidence) for r in results if r.mass.shape[-1] > 1]
-    r1, r1_se = mean_se([x[0] for x in m])
-    nd, nd_se = mean_se([x[1] for x in m])
-    return {"recall1": r1, "recall1_se": r1_se, "ndcg10": nd, "ndcg10_se": nd_se,
-            "examples": len(m)}  # fmt: skip
-
-
 def compare(run: Path) -> dict:
     from headhunt.heads.taskheads import ExampleResult, head_matrices, top_heads
+    from headhunt.heads.taskheads import retrieval_metrics as retrieval
     from headhunt.methods.base import read_jsonl
 
     params = json.loads((run / "parameters.json").read_text())

@@ -552,14 +552,17 @@ def retrieval_table(
     rankers = {"top heads": lambda r: r.focus_top, "all heads": lambda r: r.focus_all}
     if texts is not None:
         rankers["bm25"] = lambda r: bm25_scores(*texts[r.id])
-    table = {}
-    for name, rank in rankers.items():
-        m = [ranking_metrics(rank(r), r.evidence) for r in multi]
-        r1, r1_se = mean_se([x[0] for x in m])
-        nd, nd_se = mean_se([x[1] for x in m])
-        table[name] = {"recall1": r1, "recall1_se": r1_se, "ndcg10": nd, "ndcg10_se": nd_se,
-                       "examples": len(m)}  # fmt: skip
-    return table
+    return {name: retrieval_metrics(multi, rank) for name, rank in rankers.items()}
+
+
+def retrieval_metrics(results: Sequence[ExampleResult], rank) -> dict[str, float]:
+    """Mean and SE of recall@1 and NDCG@10 of ``rank(result)`` (document scores) over the
+    examples with several documents."""
+    m = [ranking_metrics(rank(r), r.evidence) for r in results if r.mass.shape[-1] > 1]
+    r1, r1_se = mean_se([x[0] for x in m])
+    nd, nd_se = mean_se([x[1] for x in m])
+    return {"recall1": r1, "recall1_se": r1_se, "ndcg10": nd, "ndcg10_se": nd_se,
+            "examples": len(m)}  # fmt: skip
 
 
 def bm25_scores(documents: list[str], question: str) -> np.ndarray:
