@@ -135,10 +135,10 @@ class TaskCapture(AttentionHook):
         self, call: AttentionCall, lse, s: int, e: int, keys: slice | None = None
     ) -> Float[Tensor, "hq rows keys"]:
         """Exact probabilities of rows [s, e) on ``keys`` (default: the context's):
-        ``exp(score - lse)`` (0 where the row cannot see the key), the
-        scores as the layer's kernel makes them (scale, softcap, mask and window:
-        :meth:`AttentionCall.scores`, a few dense rows), the log-sum-exp from the kernels (so
-        a learned sink's share is left out, as in the model). The same numbers as
+        ``exp(score - lse)`` (0 where the row cannot see the key), the scores as the layer's
+        kernel makes them (scale, softcap, mask and window: :meth:`AttentionCall.scores`, a
+        few dense rows), the log-sum-exp from the kernels (so a learned sink's share is left
+        out, as in the model). The same numbers as
         :func:`headhunt.kernels.attention_probs_at` on every (row, key) pair, in one matmul
         per layer instead of a gather per pair."""
         scores = call.scores(slice(s, e))[0, :, :, keys or slice(self.lo, self.hi)]
